@@ -1,0 +1,103 @@
+"""Shared timing harness: CUDA-event medians, the copy roofline, the BENCH line format.
+
+Every op's benchmark module (benchmarks/bench_<op>.py) exposes ``run(harness) -> None`` and calls
+``Harness.report`` once per case. Timings are never asserted anywhere.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+RESULTS_DIR = "bench_results"
+
+
+def time_us(fn, *, warmup: int = 5, rep: int = 30, flush_bytes: int = 0) -> float:
+    """Median microseconds of ``fn()`` over ``rep`` launches timed with CUDA events.
+
+    With ``flush_bytes`` an L2-sized buffer is overwritten before each launch so inputs smaller than
+    the cache are not timed from it (the H200 L2 is 60 MiB).
+    """
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda") if flush_bytes else None
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rep):
+        if flush is not None:
+            flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def time_graph_us(fn, *, rep: int = 200) -> float:
+    """Median microseconds per launch of ``fn`` replayed from a CUDA graph, for tiny launches where
+    Python overhead would dominate a plain loop; falls back to plain timing if capture fails."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            fn()
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph, stream=stream):
+                for _ in range(10):
+                    fn()
+        torch.cuda.synchronize()
+        return time_us(graph.replay, warmup=3, rep=max(3, rep // 10)) / 10
+    except Exception:  # some peers (torch.compile) may refuse capture
+        return time_us(fn, warmup=10, rep=rep)
+
+
+@dataclass
+class Harness:
+    """Measures the copy roofline once and collects one row per case."""
+
+    rows: list = field(default_factory=list)
+    copy_gbps: float = 0.0
+    only: str | None = None  # run only ops whose name contains this
+
+    def measure_roofline(self, nbytes: int = 2 << 30) -> float:
+        """Device-to-device copy GB/s, counting bytes read plus bytes written."""
+        src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_(0, 255)
+        dst = torch.empty_like(src)
+        us = time_us(lambda: dst.copy_(src), warmup=3, rep=20)
+        self.copy_gbps = 2 * src.numel() / (us * 1e-6) / 1e9
+        print(f"copy roofline: {self.copy_gbps:,.0f} GB/s (read + write of {nbytes >> 20} MiB)")
+        return self.copy_gbps
+
+    def report(self, op: str, case: str, nbytes: int, us: float, *, eager_us: float | None = None,
+               compile_us: float | None = None, peers: dict[str, float] | None = None) -> None:
+        """One BENCH line: median us, GB/s over ``nbytes``, fraction of the copy roofline, speedups."""
+        gbps = nbytes / (us * 1e-6) / 1e9
+        roof = gbps / self.copy_gbps if self.copy_gbps else float("nan")
+        x_eager = eager_us / us if eager_us else float("nan")
+        x_compile = compile_us / us if compile_us else float("nan")
+        extra = "".join(f" {k}_us={v:.1f} x_{k}={v / us:.2f}" for k, v in (peers or {}).items())
+        line = (f"BENCH op={op} case={case} us={us:.1f} GBps={gbps:.0f} roofline={roof:.2f} "
+                f"x_eager={x_eager:.2f} x_compile={x_compile:.2f}{extra}")
+        print(line)
+        sys.stdout.flush()
+        self.rows.append(dict(op=op, case=case, us=us, gbps=gbps, roofline=roof, eager_us=eager_us,
+                              compile_us=compile_us, peers=peers or {}, line=line))
+
+    def table(self) -> str:
+        from tilelang_ops.testing import format_table
+
+        header = ["op", "case", "us", "GB/s", "roofline", "eager us", "compile us", "x eager",
+                  "x compile"]
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        rows = [[r["op"], r["case"], f"{r['us']:.1f}", f"{r['gbps']:.0f}", f"{r['roofline']:.2f}",
+                 fmt(r["eager_us"], ".1f"), fmt(r["compile_us"], ".1f"),
+                 fmt(r["eager_us"] and r["eager_us"] / r["us"], ".2f"),
+                 fmt(r["compile_us"] and r["compile_us"] / r["us"], ".2f")] for r in self.rows]
+        return format_table(f"benchmarks (copy roofline {self.copy_gbps:,.0f} GB/s)", header, rows)

@@ -1,0 +1,1 @@
+"""Per-operator cases for `python -m tilelang_ops diff` (see tilelang_ops/diff.py)."""
