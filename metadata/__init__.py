@@ -17,6 +17,8 @@ from metadata.cache_format import (
     FP8_MAIN_KV_FORMAT,
     KVCacheFormat,
 )
+from metadata.cross_layer import validate_map_refines
+from metadata.prepare_tensor_input import InputMetadata, SeqMetadata, prepare_tensor_input
 
 __all__ = [
     "ALL_FORMATS",
@@ -25,11 +27,15 @@ __all__ = [
     "FP4_INDEX_KV_FORMAT",
     "FP4_MAIN_KV_FORMAT",
     "FP8_MAIN_KV_FORMAT",
+    "InputMetadata",
     "KVCacheFormat",
     "SUPPORTED_COMPRESS_RATIOS",
+    "SeqMetadata",
     "check_compress_ratio",
     "check_ring_capacity",
     "compress_state_bytes",
     "compress_state_ring_size",
     "needs_index_state",
+    "prepare_tensor_input",
+    "validate_map_refines",
 ]
