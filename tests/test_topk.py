@@ -1,0 +1,392 @@
+"""Top-k family (SPEC 1.6): loop references, the vectorized twin, host checks, and (GPU tier) the
+TileLang kernels against them.
+
+Comparisons: indices and slots are integers -> bitwise. Values are copies of input scores (no
+arithmetic) -> bitwise too (NaN payloads included, since the kernel copies the score bits). When neither
+``sorted`` nor ``sorted_index`` is asked the order is unspecified by contract, so those tests compare
+(index, value) pairs after sorting both sides by index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from reference.topk import (
+    block_max_scores_ref,
+    convert_kv_index_ref_,
+    order_key,
+    restore_candidate_indices_ref_,
+    topk_ref,
+    topk_to_slots_ref,
+    topk_torch,
+)
+from tests.conftest import case_id, requires_cuda  # noqa: F401  (GPU tier below)
+from tilelang_ops.testing import compare_bitwise
+
+NAN, INF = float("nan"), float("inf")
+
+
+# ----------------------------------------------------------------------------------------------------
+# score generators (the adversarial distributions of SPEC 4)
+
+def make_scores(dist: str, b: int, n: int, dtype=torch.float32, device="cpu", seed=0) -> torch.Tensor:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    if dist == "randn":
+        x = torch.randn(b, n, generator=g)
+    elif dist == "conc":  # concentrated: every score in one narrow band near 100
+        x = torch.randn(b, n, generator=g) * 1e-3 + 100
+    elif dist == "tiny":
+        x = torch.randn(b, n, generator=g) * 1e-8
+    elif dist == "equal":
+        x = torch.full((b, n), 0.5)
+    elif dist == "few":  # a handful of distinct values -> huge tie groups
+        x = torch.randint(-2, 3, (b, n), generator=g).float()
+    elif dist == "sorted":
+        x = torch.sort(torch.randn(b, n, generator=g), dim=1, descending=True).values
+    elif dist == "ascending":
+        x = torch.sort(torch.randn(b, n, generator=g), dim=1).values
+    elif dist == "special":  # NaN, +-inf, signed zeros, denormals sprinkled over randn
+        x = torch.randn(b, n, generator=g)
+        pick = torch.randint(0, 8, (b, n), generator=g)
+        x = torch.where(pick == 0, torch.full_like(x, NAN), x)
+        x = torch.where(pick == 1, torch.full_like(x, INF), x)
+        x = torch.where(pick == 2, torch.full_like(x, -INF), x)
+        x = torch.where(pick == 3, torch.full_like(x, -0.0), x)
+        x = torch.where(pick == 4, torch.zeros_like(x), x)
+        x = torch.where(pick == 5, torch.full_like(x, 1e-40), x)
+    else:
+        raise KeyError(dist)
+    return x.to(dtype).to(device)
+
+
+DISTS = ("randn", "conc", "tiny", "equal", "few", "sorted", "ascending", "special")
+
+
+def poison_beyond_end(x: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """Garbage the top-k must never pick: +inf and NaN at and beyond `end`."""
+    col = torch.arange(x.shape[1], device=x.device)[None, :]
+    beyond = col >= end.to(x.device).long()[:, None]
+    garbage = torch.where(col % 2 == 0, torch.full_like(x, INF), torch.full_like(x, NAN))
+    return torch.where(beyond, garbage, x)
+
+
+def as_pairs_by_index(values, indices):
+    """Sort lanes by index (fills last) so unordered outputs compare exactly."""
+    key = torch.where(indices < 0, torch.full_like(indices, torch.iinfo(indices.dtype).max), indices)
+    order = torch.sort(key, dim=1, stable=True).indices
+    return (None if values is None else values.gather(1, order)), indices.gather(1, order)
+
+
+# ----------------------------------------------------------------------------------------------------
+# CPU tier: the loop reference on hand-made rows
+
+def test_ties_go_to_lower_index():
+    x = torch.tensor([[1.0, 2.0, 2.0, 2.0, 0.0, 2.0]])
+    v, i = topk_ref(x, 2, sorted=True)
+    assert i.tolist() == [[1, 2]] and v.tolist() == [[2.0, 2.0]]
+    _, i = topk_ref(x, 5, sorted=True)
+    assert i.tolist() == [[1, 2, 3, 5, 0]]
+
+
+def test_nan_ranks_highest_and_signed_zeros_tie():
+    x = torch.tensor([[0.0, NAN, -0.0, INF, NAN, 0.0, -1.0]])
+    v, i = topk_ref(x, 5, sorted=True)
+    assert i.tolist() == [[1, 4, 3, 0, 2]]  # NaNs by index, then inf, then the zeros by index
+    assert torch.isnan(v[0, :2]).all() and v[0, 2] == INF
+    # torch.topk agrees where there are no ties
+    y = torch.tensor([[3.0, NAN, -2.0, INF, 1.0]])
+    tv, ti = torch.topk(y, 3)
+    assert topk_ref(y, 3, sorted=True, indices_type=torch.int64)[1].tolist() == ti.tolist()
+
+
+def test_signed_zero_key_folds():
+    assert int(order_key(torch.tensor([-0.0]))) == int(order_key(torch.tensor([0.0])))
+    x = torch.tensor([-INF, -1.0, -1e-40, 0.0, 1e-40, 1.0, INF, NAN])
+    keys = order_key(x)
+    assert (keys[1:] > keys[:-1]).all() and int(keys[-1]) == 0xFFFFFFFF and int(keys.min()) > 0
+
+
+def test_end_shorter_than_k_and_zero_fills():
+    x = torch.tensor([[5.0, 4.0, 3.0, 2.0], [1.0, 2.0, 3.0, 4.0], [9.0, 9.0, 9.0, 9.0]])
+    end = torch.tensor([2, 0, 4], dtype=torch.int32)
+    v, i = topk_ref(x, 3, end=end, sorted=True, idx_oob_fill_value=-7, value_oob_fill_value=-3.5)
+    assert i.tolist() == [[0, 1, -7], [-7, -7, -7], [0, 1, 2]]
+    assert v.tolist() == [[5.0, 4.0, -3.5], [-3.5, -3.5, -3.5], [9.0, 9.0, 9.0]]
+
+
+def test_k_larger_than_row():
+    x = torch.tensor([[1.0, 3.0, 2.0]])
+    v, i = topk_ref(x, 5, sorted=True)
+    assert i.tolist() == [[1, 2, 0, -1, -1]] and v[0, 3] == -INF
+
+
+def test_garbage_beyond_end_ignored():
+    x = torch.tensor([[1.0, 2.0, INF, NAN, INF]])
+    _, i = topk_ref(x, 2, end=torch.tensor([2], dtype=torch.int32), sorted=True)
+    assert i.tolist() == [[1, 0]]
+
+
+def test_offsets_shift_valid_lanes_only():
+    x = torch.tensor([[1.0, 3.0, 2.0], [4.0, 5.0, 6.0]])
+    off = torch.tensor([100, 1000], dtype=torch.int32)
+    _, i = topk_ref(x, 4, end=torch.tensor([2, 3], dtype=torch.int32), sorted=True, output_idx_offset=off)
+    assert i.tolist() == [[101, 100, -1, -1], [1002, 1001, 1000, -1]]
+
+
+def test_sorted_index_and_unsorted_order():
+    x = torch.tensor([[1.0, 7.0, 3.0, 9.0, 5.0]])
+    assert topk_ref(x, 3, sorted=True)[1].tolist() == [[3, 1, 4]]
+    assert topk_ref(x, 3, sorted_index=True)[1].tolist() == [[1, 3, 4]]
+    assert topk_ref(x, 3)[1].tolist() == [[1, 3, 4]]  # documented: ascending index
+
+
+def test_return_value_false_and_int64():
+    x = torch.tensor([[1.0, 7.0, 3.0]])
+    v, i = topk_ref(x, 2, return_value=False, indices_type=torch.int64)
+    assert v is None and i.dtype == torch.int64 and i.tolist() == [[1, 2]]
+
+
+def test_bf16_values_are_copies():
+    x = torch.tensor([[1.0, 1.0078125, 1.015625, -2.0]], dtype=torch.bfloat16)  # bf16 step at 1: 2^-7
+    v, i = topk_ref(x, 2, sorted=True)
+    assert v.dtype == torch.bfloat16 and i.tolist() == [[2, 1]]
+    compare_bitwise("values", v, x[:, [2, 1]]).check()
+
+
+def test_non_contiguous_rows():
+    base = make_scores("few", 5, 64)
+    x = base[:, 3:40]  # row stride 64, unit column stride
+    assert not x.is_contiguous()
+    for fn in (topk_ref, topk_torch):
+        v, i = fn(x, 9, sorted=True)
+        rv, ri = topk_ref(x.contiguous(), 9, sorted=True)
+        compare_bitwise("indices", i, ri).check()
+        compare_bitwise("values", v, rv).check()
+
+
+# ----------------------------------------------------------------------------------------------------
+# CPU tier: the vectorized twin equals the loop reference over the distribution matrix
+
+@dataclass(frozen=True)
+class TwinCase:
+    dist: str
+    b: int
+    n: int
+    k: int
+    ends: str  # "full" | "random" | "short" (end <= k) | "zero"
+    dtype: str = "fp32"
+    mode: str = "sorted"  # sorted | sorted_index | any
+
+    @property
+    def id(self):
+        return f"{self.dist}-b{self.b}n{self.n}k{self.k}-{self.ends}-{self.dtype}-{self.mode}"
+
+
+def make_end(kind: str, b: int, n: int, k: int, device="cpu", seed=1) -> torch.Tensor | None:
+    g = torch.Generator().manual_seed(seed)
+    if kind == "full":
+        return None
+    if kind == "random":
+        e = torch.randint(0, n + 1, (b,), generator=g)
+        e[0] = n
+    elif kind == "short":
+        e = torch.randint(0, min(k, n) + 1, (b,), generator=g)
+    elif kind == "zero":
+        e = torch.zeros(b, dtype=torch.int64)
+    else:
+        raise KeyError(kind)
+    return e.to(torch.int32).to(device)
+
+
+TWIN_CASES = [TwinCase(d, 3, 300, 17, "random") for d in DISTS] + [
+    TwinCase("few", 4, 257, 64, "random", "bf16", "any"),
+    TwinCase("special", 4, 129, 200, "short", "bf16", "sorted_index"),
+    TwinCase("randn", 2, 50, 1, "full"),
+    TwinCase("equal", 2, 50, 50, "full", mode="any"),
+    TwinCase("special", 3, 33, 5, "zero"),
+    TwinCase("tiny", 2, 1, 4, "full"),
+    TwinCase("conc", 2, 1000, 128, "short", "bf16"),
+    TwinCase("randn", 2, 2048, 512, "random"),
+    TwinCase("conc", 2, 2048, 512, "full", mode="any"),
+    TwinCase("few", 2, 2048, 1000, "random", mode="sorted_index"),
+]
+
+
+def _mode_kwargs(mode):
+    return {"sorted": mode == "sorted", "sorted_index": mode == "sorted_index"}
+
+
+@pytest.mark.parametrize("case", TWIN_CASES, ids=case_id)
+def test_twin_equals_loop_reference(case):
+    dtype = torch.float32 if case.dtype == "fp32" else torch.bfloat16
+    x = make_scores(case.dist, case.b, case.n, dtype)
+    end = make_end(case.ends, case.b, case.n, case.k)
+    if end is not None:
+        x = poison_beyond_end(x, end)
+    off = torch.arange(case.b, dtype=torch.int32) * 1000
+    kw = dict(end=end, output_idx_offset=off, **_mode_kwargs(case.mode))
+    rv, ri = topk_ref(x, case.k, **kw)
+    tv, ti = topk_torch(x, case.k, **kw)
+    # integer indices and copied score bits: bitwise
+    compare_bitwise("indices", ti, ri).check()
+    compare_bitwise("values", tv, rv).check()
+    # invariants that do not depend on the reference: exactly min(k, end) valid lanes, all < end
+    ends = torch.full((case.b,), case.n) if end is None else end.long()
+    valid = (ri >= 0).sum(1)
+    assert valid.tolist() == ends.clamp(max=case.k).tolist()
+    local = torch.where(ri >= 0, ri - off[:, None], torch.zeros_like(ri))
+    assert (local < ends[:, None].clamp(min=1)).all()
+
+
+def test_twin_matches_torch_topk_without_ties():
+    x = torch.stack([torch.randperm(5000) for _ in range(4)]).float() / 7 - 300  # distinct per row
+    assert all(torch.unique(r).numel() == r.numel() for r in x)
+    tv, ti = torch.topk(x, 300, dim=1)
+    v, i = topk_torch(x, 300, sorted=True, indices_type=torch.int64)
+    compare_bitwise("indices", i, ti).check()
+    compare_bitwise("values", v, tv).check()
+
+
+# ----------------------------------------------------------------------------------------------------
+# CPU tier: block maxima, candidate restore, slot conversion, fused path
+
+def test_block_max_scores_ref():
+    x = torch.tensor([[1.0, 5.0, 2.0, NAN, 3.0, 4.0, 7.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]])
+    out = block_max_scores_ref(x, 3, torch.tensor([7, 4], dtype=torch.int32))
+    assert out.shape == (2, 3)
+    assert out[0, 0] == 5.0 and torch.isnan(out[0, 1]) and out[0, 2] == 7.0
+    assert out[1].tolist() == [3.0, 4.0, -INF]  # block 2 has no valid entry; block 1 only index 3
+    assert block_max_scores_ref(x, 3, torch.zeros(2, dtype=torch.int32)).eq(-INF).all()
+    # vectorized cross-check on a bigger case
+    x = make_scores("special", 3, 100)
+    end = torch.tensor([100, 37, 0], dtype=torch.int32)
+    out = block_max_scores_ref(x, 16, end)
+    masked = torch.where(torch.arange(100)[None] < end[:, None].long(), x, torch.full_like(x, -INF))
+    padded = torch.nn.functional.pad(masked, (0, 12), value=-INF).reshape(3, 7, 16)
+    compare_bitwise("block_max", out, padded.amax(-1)).check()  # amax propagates NaN
+
+
+def test_restore_candidate_indices_ref():
+    idx = torch.tensor([[0, 5, 9, -1], [15, -1, -1, -1]], dtype=torch.int32)
+    blocks = torch.tensor([[4, 2], [7, -1]], dtype=torch.int32)
+    out = restore_candidate_indices_ref_(idx, blocks, 8)
+    assert out is idx
+    assert idx.tolist() == [[32, 37, 17, -1], [-1, -1, -1, -1]]
+
+
+def test_convert_kv_index_ref():
+    idx = torch.tensor([[[0, 3, 4, 9], [1, 2, -1, 5]]], dtype=torch.int32)  # [b=1, L=2, k=4]
+    lens = torch.tensor([[3, 4]], dtype=torch.int32)
+    table = torch.tensor([[10, 20, 30]], dtype=torch.int32)  # Bc = 4
+    out = convert_kv_index_ref_(idx, 4, lens, table)
+    assert out is idx
+    assert idx.tolist() == [[[40, 43, 80, -1], [41, 42, -1, 81]]]
+
+
+@pytest.mark.parametrize("with_candidates", [False, True])
+def test_topk_to_slots_ref_is_the_composition(with_candidates):
+    b, n, k, bs, bc = 4, 64, 10, 8, 16
+    x = make_scores("few", b, n)
+    end = torch.tensor([64, 7, 0, 30], dtype=torch.int32)
+    table = torch.randperm(40)[: b * 10].reshape(b, 10).to(torch.int32)
+    blocks = torch.stack([torch.randperm(12)[:8] for _ in range(b)]).to(torch.int32) if with_candidates \
+        else None
+    slots = topk_to_slots_ref(x, k, end=end, candidate_blocks=blocks,
+                              candidate_block_size=bs if with_candidates else None,
+                              block_size_c=bc, block_tables=table)
+    # by hand: top-k local rows in ascending order -> logical rows -> slots
+    _, local = topk_torch(x, k, end=end)
+    want = torch.full((b, k), -1, dtype=torch.int32)
+    for r in range(b):
+        for lane in range(k):
+            i = int(local[r, lane])
+            if i < 0:
+                continue
+            j = int(blocks[r, i // bs]) * bs + i % bs if with_candidates else i
+            want[r, lane] = int(table[r, j // bc]) * bc + j % bc
+    compare_bitwise("slots", slots, want).check()
+
+
+# ----------------------------------------------------------------------------------------------------
+# CPU tier: every error path raises before anything is written
+
+def _scores(b=2, n=8):
+    return torch.randn(b, n)
+
+
+ERROR_CASES = {
+    "scores-dtype": (lambda: topk_ref(_scores().double(), 2), TypeError),
+    "scores-ndim": (lambda: topk_ref(torch.randn(8), 2), ValueError),
+    "scores-col-stride": (lambda: topk_ref(torch.randn(8, 4).t(), 2), ValueError),
+    "scores-not-tensor": (lambda: topk_ref([[1.0]], 1), TypeError),
+    "k-zero": (lambda: topk_ref(_scores(), 0), ValueError),
+    "k-float": (lambda: topk_ref(_scores(), 2.0), TypeError),
+    "k-too-big": (lambda: topk_ref(_scores(), 4097), ValueError),
+    "end-dtype": (lambda: topk_ref(_scores(), 2, end=torch.tensor([1, 2])), TypeError),
+    "end-shape": (lambda: topk_ref(_scores(), 2, end=torch.tensor([1], dtype=torch.int32)), ValueError),
+    "end-beyond-n": (lambda: topk_ref(_scores(), 2, end=torch.tensor([1, 9], dtype=torch.int32)),
+                     ValueError),
+    "end-negative": (lambda: topk_torch(_scores(), 2, end=torch.tensor([-1, 2], dtype=torch.int32)),
+                     ValueError),
+    "indices-type": (lambda: topk_ref(_scores(), 2, indices_type=torch.int16), TypeError),
+    "sorted-both": (lambda: topk_ref(_scores(), 2, sorted=True, sorted_index=True), ValueError),
+    "offset-shape": (lambda: topk_ref(_scores(), 2, output_idx_offset=torch.zeros(3, dtype=torch.int32)),
+                     ValueError),
+    "offset-dtype": (lambda: topk_ref(_scores(), 2, output_idx_offset=torch.zeros(2)), TypeError),
+    "block-size": (lambda: block_max_scores_ref(_scores(), 0, None), ValueError),
+    "block-end-beyond": (lambda: block_max_scores_ref(_scores(), 4, torch.tensor([9, 1], dtype=torch.int32)),
+                         ValueError),
+    "restore-dtype": (lambda: restore_candidate_indices_ref_(torch.zeros(2, 3, dtype=torch.int64),
+                                                             torch.zeros(2, 2, dtype=torch.int32), 4),
+                      TypeError),
+    "restore-rows": (lambda: restore_candidate_indices_ref_(torch.zeros(2, 3, dtype=torch.int32),
+                                                            torch.zeros(3, 2, dtype=torch.int32), 4),
+                     ValueError),
+    "restore-beyond": (lambda: restore_candidate_indices_ref_(torch.full((2, 3), 8, dtype=torch.int32),
+                                                              torch.zeros(2, 2, dtype=torch.int32), 4),
+                       ValueError),
+    "restore-below-minus-one": (lambda: restore_candidate_indices_ref_(
+        torch.full((2, 3), -2, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32), 4), ValueError),
+    "convert-ndim": (lambda: convert_kv_index_ref_(torch.zeros(2, 3, dtype=torch.int32), 4,
+                                                   torch.zeros(2, 1, dtype=torch.int32),
+                                                   torch.zeros(2, 2, dtype=torch.int32)), ValueError),
+    "convert-lens-shape": (lambda: convert_kv_index_ref_(torch.zeros(2, 1, 3, dtype=torch.int32), 4,
+                                                         torch.zeros(2, 2, dtype=torch.int32),
+                                                         torch.zeros(2, 2, dtype=torch.int32)), ValueError),
+    "convert-table-dtype": (lambda: convert_kv_index_ref_(torch.zeros(2, 1, 3, dtype=torch.int32), 4,
+                                                          torch.zeros(2, 1, dtype=torch.int32),
+                                                          torch.zeros(2, 2, dtype=torch.int64)), TypeError),
+    "convert-beyond-table": (lambda: convert_kv_index_ref_(torch.full((2, 1, 3), 8, dtype=torch.int32), 4,
+                                                           torch.full((2, 1), 3, dtype=torch.int32),
+                                                           torch.zeros(2, 2, dtype=torch.int32)), ValueError),
+    "convert-unallocated-block": (lambda: convert_kv_index_ref_(
+        torch.full((2, 1, 3), 5, dtype=torch.int32), 4, torch.full((2, 1), 3, dtype=torch.int32),
+        torch.full((2, 2), -1, dtype=torch.int32)), ValueError),
+    "convert-negative-len": (lambda: convert_kv_index_ref_(torch.zeros(2, 1, 3, dtype=torch.int32), 4,
+                                                           torch.full((2, 1), -1, dtype=torch.int32),
+                                                           torch.zeros(2, 2, dtype=torch.int32)), ValueError),
+    "slots-candidates-half": (lambda: topk_to_slots_ref(_scores(), 2, candidate_blocks=torch.zeros(
+        2, 2, dtype=torch.int32), block_size_c=4, block_tables=torch.zeros(2, 2, dtype=torch.int32)),
+        ValueError),
+    "slots-candidates-short": (lambda: topk_to_slots_ref(_scores(), 2, candidate_blocks=torch.zeros(
+        2, 1, dtype=torch.int32), candidate_block_size=4, block_size_c=4,
+        block_tables=torch.zeros(2, 2, dtype=torch.int32)), ValueError),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ERROR_CASES))
+def test_error_paths(name):
+    fn, exc = ERROR_CASES[name]
+    with pytest.raises(exc):
+        fn()
+
+
+def test_error_leaves_index_untouched():
+    idx = torch.tensor([[1, 2, 99]], dtype=torch.int32)
+    before = idx.clone()
+    with pytest.raises(ValueError):
+        restore_candidate_indices_ref_(idx, torch.tensor([[3, 4]], dtype=torch.int32), 4)
+    assert torch.equal(idx, before)
