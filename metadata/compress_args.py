@@ -1,0 +1,157 @@
+"""Argument checks of the compress operator (SPEC 1.2-1.4), shared by the reference and the kernel.
+
+``check_*_args`` read only dtypes, shapes, devices and Python ints (no device sync); they run first in
+both the reference and the kernel wrapper, so bad input raises before anything is written.
+``check_*_values`` read the metadata tensors (a device sync); the references always run them, the
+wrappers only under ``metadata.checks.debug_checks_enabled()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from metadata.cache_engine import check_kernel_ratio, check_ring_capacity
+from metadata.checks import check_same_device, check_tensor
+
+
+@dataclass(frozen=True)
+class CompressDims:
+    num_tokens: int
+    dim: int  # D, the latent width; projected_kv is [num_tokens, 2 * D]
+    num_slots: int
+    ring: int  # S
+    num_reqs: int  # prefill: requests; decode: query tokens
+
+
+def _check_common(projected_kv, state_cache, compress_ratio):
+    check_kernel_ratio(compress_ratio)
+    check_tensor("projected_kv", projected_kv, dtype=torch.float32, ndim=2)
+    check_tensor("state_cache", state_cache, dtype=torch.float32, ndim=4, contiguous=True)
+    num_tokens, two_d = projected_kv.shape
+    num_slots, ring, two, dim = state_cache.shape
+    if two != 2:
+        raise ValueError(f"state_cache must be [num_state_slots, S, 2, D] (axis 2: score, latent), got "
+                         f"shape {tuple(state_cache.shape)}")
+    if dim < 1 or two_d != 2 * dim:
+        raise ValueError(f"projected_kv must be [num_tokens, 2 * D] with D={dim} from state_cache "
+                         f"{tuple(state_cache.shape)}, got {tuple(projected_kv.shape)}")
+    return num_tokens, dim, num_slots, ring
+
+
+def check_prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
+                       cu_compressed, compress_ratio, num_rows=None) -> CompressDims:
+    """Host checks of ``compress_prefill``; returns the dimensions."""
+    num_tokens, dim, num_slots, ring = _check_common(projected_kv, state_cache, compress_ratio)
+    check_tensor("cu_seqlens_q", cu_seqlens_q, dtype=torch.int32, ndim=1)
+    num_reqs = cu_seqlens_q.shape[0] - 1
+    if num_reqs < 0:
+        raise ValueError("cu_seqlens_q must hold num_reqs + 1 >= 1 offsets, got an empty tensor")
+    check_tensor("context_lens", context_lens, dtype=torch.int32, shape=(num_reqs,))
+    check_tensor("state_block_idx", state_block_idx, dtype=torch.int32, shape=(num_reqs,))
+    check_tensor("cu_compressed", cu_compressed, dtype=torch.int32, shape=(num_reqs + 1,))
+    check_same_device(projected_kv=projected_kv, state_cache=state_cache, cu_seqlens_q=cu_seqlens_q,
+                      context_lens=context_lens, state_block_idx=state_block_idx,
+                      cu_compressed=cu_compressed)
+    # A prefill chunk reads at most r - 1 earlier inputs from the ring and a following decode step
+    # needs r of them, so the ring must hold at least one whole group (max_seqlen_q = 1).
+    check_ring_capacity(ring, compress_ratio, 1)
+    if num_rows is not None:
+        if isinstance(num_rows, bool) or not isinstance(num_rows, int):
+            raise TypeError(f"num_rows must be an int or None, got {type(num_rows).__name__}")
+        if num_rows < num_reqs:
+            raise ValueError(f"num_rows={num_rows} is below num_reqs={num_reqs} (every request "
+                             f"reserves at least one row)")
+    return CompressDims(num_tokens, dim, num_slots, ring, num_reqs)
+
+
+def check_decode_args(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
+                      compress_ratio) -> CompressDims:
+    """Host checks of ``compress_decode`` (incl. the capacity rule); returns the dimensions."""
+    num_tokens, dim, num_slots, ring = _check_common(projected_kv, state_cache, compress_ratio)
+    check_tensor("context_lens", context_lens, dtype=torch.int32, shape=(num_tokens,))
+    check_tensor("state_block_idx", state_block_idx, dtype=torch.int32, shape=(num_tokens,))
+    check_same_device(projected_kv=projected_kv, state_cache=state_cache, context_lens=context_lens,
+                      state_block_idx=state_block_idx)
+    if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int):
+        raise TypeError(f"max_seqlen_q must be an int, got {type(max_seqlen_q).__name__}")
+    if max_seqlen_q < 1:
+        raise ValueError(f"max_seqlen_q={max_seqlen_q} must be >= 1")
+    check_ring_capacity(ring, compress_ratio, max_seqlen_q)
+    return CompressDims(num_tokens, dim, num_slots, ring, num_tokens)
+
+
+def prefill_row_counts(cu_seqlens_q: list[int], context_lens: list[int], compress_ratio: int):
+    """Per request: (chunk start s, completed rows nc); host lists in, host lists out."""
+    starts, ncs = [], []
+    for i, e in enumerate(context_lens):
+        s = e - (cu_seqlens_q[i + 1] - cu_seqlens_q[i])
+        starts.append(s)
+        ncs.append(e // compress_ratio - s // compress_ratio)
+    return starts, ncs
+
+
+def check_prefill_values(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
+                         cu_compressed, compress_ratio, num_rows=None) -> int:
+    """Metadata consistency of a prefill batch (reads device values); returns the output row count."""
+    num_tokens = projected_kv.shape[0]
+    num_slots = state_cache.shape[0]
+    cu_q = cu_seqlens_q.tolist()
+    ctx = context_lens.tolist()
+    slots = state_block_idx.tolist()
+    cu_c = cu_compressed.tolist()
+    if cu_q[0] != 0 or cu_q[-1] != num_tokens or any(a > b for a, b in zip(cu_q[:-1], cu_q[1:], strict=True)):
+        raise ValueError(f"cu_seqlens_q must rise from 0 to num_tokens={num_tokens}, got {cu_q}")
+    owner = {}
+    for i, (e, slot) in enumerate(zip(ctx, slots, strict=True)):
+        length = cu_q[i + 1] - cu_q[i]
+        if e < length:
+            raise ValueError(f"request {i}: context_lens={e} is below its chunk length {length}")
+        if not 0 <= slot < num_slots:
+            raise ValueError(f"request {i}: state_block_idx={slot} is outside [0, {num_slots})")
+        if length > 0:
+            if slot in owner:
+                raise ValueError(f"requests {owner[slot]} and {i} share state slot {slot}")
+            owner[slot] = i
+    _, ncs = prefill_row_counts(cu_q, ctx, compress_ratio)
+    want = [0]
+    for nc in ncs:
+        want.append(want[-1] + max(1, nc))
+    if cu_c != want:
+        raise ValueError(f"cu_compressed={cu_c} does not match max(1, nc) rows per request "
+                         f"(expected {want} for compress_ratio={compress_ratio})")
+    if num_rows is not None and num_rows != want[-1]:
+        raise ValueError(f"num_rows={num_rows} but cu_compressed[-1]={want[-1]}")
+    return want[-1]
+
+
+def check_decode_values(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q) -> None:
+    """Metadata consistency of a decode step (reads device values).
+
+    Tokens that share a slot must be adjacent with consecutive positions, at most ``max_seqlen_q``
+    of them: that is what a draft-verification step looks like, and it is what lets a kernel take
+    a group's in-step inputs from neighbouring tokens instead of racing on the ring.
+    """
+    num_slots = state_cache.shape[0]
+    ctx = context_lens.tolist()
+    slots = state_block_idx.tolist()
+    seen = set()
+    run = 0
+    for i, (c, slot) in enumerate(zip(ctx, slots, strict=True)):
+        if c < 1:
+            raise ValueError(f"token {i}: context_lens={c} must be >= 1 (position + 1)")
+        if not 0 <= slot < num_slots:
+            raise ValueError(f"token {i}: state_block_idx={slot} is outside [0, {num_slots})")
+        if i > 0 and slot == slots[i - 1]:
+            if c != ctx[i - 1] + 1:
+                raise ValueError(f"tokens {i - 1} and {i} share slot {slot} but have context_lens "
+                                 f"{ctx[i - 1]} and {c} (must be consecutive)")
+            run += 1
+        else:
+            if slot in seen:
+                raise ValueError(f"token {i}: slot {slot} was used by an earlier, non-adjacent token")
+            seen.add(slot)
+            run = 1
+        if run > max_seqlen_q:
+            raise ValueError(f"slot {slot} has more than max_seqlen_q={max_seqlen_q} tokens in this step")
