@@ -1,0 +1,543 @@
+"""norm_rope_hadamard_cast_store: cast arithmetic, byte layouts, stages, loop reference vs twin, errors
+(CPU tier), sm_90a build check (CPU tier) and kernel vs reference (GPU tier)."""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from metadata.cache_format import (
+    BF16_KV_FORMAT,
+    FP4_INDEX_KV_FORMAT,
+    FP4_MAIN_KV_FORMAT,
+    FP8_MAIN_KV_FORMAT,
+    KVCacheFormat,
+)
+from reference.kv_store import (
+    E2M1_VALUES,
+    _hadamard_matrix,
+    apply_rope_ref,
+    cast_to_e2m1_codes,
+    cast_to_e4m3_bits,
+    dequantize_rows,
+    e4m3_scale,
+    hadamard_ref,
+    norm_rope_hadamard_cast_store_ref,
+    norm_rope_hadamard_cast_store_torch,
+    quantize_row,
+    rms_norm_ref,
+    ue8m0_scale,
+)
+from tests.conftest import case_id
+from tilelang_ops.testing import compare_bitwise
+
+SENTINEL = 0xA5
+FORMATS = {f.name: f for f in (FP8_MAIN_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP4_INDEX_KV_FORMAT, BF16_KV_FORMAT)}
+
+
+def f32(v):
+    return torch.tensor(v, dtype=torch.float32)
+
+
+def f32_from_bits(b: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", b))[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Cast arithmetic on hand-built values (bitwise: these are the SPEC section 2 bit patterns).
+# ------------------------------------------------------------------------------------------------
+
+E4M3_HAND = [
+    (0.0, 0x00), (-0.0, 0x80), (1.0, 0x38), (-1.0, 0xB8), (448.0, 0x7E), (-448.0, 0xFE),
+    (449.0, 0x7E), (464.0, 0x7E), (1e30, 0x7E), (-1e30, 0xFE),  # saturation beyond qmax
+    (1.0625, 0x38), (1.1875, 0x3A), (1.0625 + 2**-20, 0x39),  # ties to even mantissa, just above
+    (2.0**-9, 0x01), (2.0**-10, 0x00), (1.5 * 2.0**-10, 0x01), (3 * 2.0**-10, 0x02),  # subnormals
+    (-(2.0**-11), 0x80), (-(2.0**-10), 0x80),  # negative values rounding to zero keep the sign
+    (2.0**-6, 0x08), (7 * 2.0**-9, 0x07), (7.5 * 2.0**-9, 0x08),  # subnormal/normal border (tie->even)
+]
+
+
+@pytest.mark.parametrize("value,bits", E4M3_HAND, ids=[f"{v!r}" for v, _ in E4M3_HAND])
+def test_e4m3_hand_values(value, bits):
+    assert int(cast_to_e4m3_bits(f32([value]))[0]) == bits
+
+
+E2M1_HAND = [
+    (0.0, 0), (-0.0, 8), (0.25, 0), (0.2500001, 1), (0.5, 1), (0.75, 2), (0.7499999, 1), (1.0, 2),
+    (1.25, 2), (1.2500001, 3), (1.5, 3), (1.75, 4), (2.0, 4), (2.5, 4), (2.5000002, 5), (3.0, 5),
+    (3.5, 6), (3.4999998, 5), (4.0, 6), (5.0, 6), (5.0000005, 7), (6.0, 7), (7.0, 7), (1e30, 7),
+    (-0.1, 8), (-0.25, 8), (-0.3, 9), (-6.0, 15), (-1e30, 15), (-2.5, 12), (-3.5, 14),
+]
+
+
+@pytest.mark.parametrize("value,code", E2M1_HAND, ids=[f"{v!r}" for v, _ in E2M1_HAND])
+def test_e2m1_hand_values(value, code):
+    assert int(cast_to_e2m1_codes(f32([value]))[0]) == code
+
+
+def test_ue8m0_scale_rounding():
+    next_up = lambda v: f32_from_bits(struct.unpack("<I", struct.pack("<f", v))[0] + 1)  # noqa: E731
+    cases = [  # amax, qmax, expected scale
+        (448.0, 448.0, 1.0),  # exact power of two stays
+        (next_up(448.0), 448.0, 2.0),  # one FP32 step above rounds up
+        (336.0, 448.0, 1.0), (896.0, 448.0, 2.0), (6.0, 6.0, 1.0), (12.0, 6.0, 2.0), (6.5, 6.0, 2.0),
+        (6.0 * 2.0**-126, 6.0, 2.0**-126),  # the e2m1 amax floor: smallest normal scale
+        (3.0, 6.0, 0.5), (3.0000002, 6.0, 1.0),
+    ]
+    for amax, qmax, want in cases:
+        sf, byte = ue8m0_scale(f32(amax), qmax)
+        assert float(sf) == want, (amax, qmax, float(sf))
+        assert int(byte) == int(math.log2(want)) + 127
+
+
+def test_e4m3_scale():
+    cases = [(6.0, 1.0, 0x38), (6.0 * 1.0625, 1.0, 0x38), (6.0 * 1.1875, 1.25, 0x3A),
+             (6.0 * 2.0**-9, 2.0**-9, 0x01), (6.0 * 1000.0, 448.0, 0x7E), (6.0 * 448.0, 448.0, 0x7E)]
+    for amax, want, bits in cases:
+        sf, byte = e4m3_scale(f32(amax))
+        assert float(sf) == want and int(byte) == bits, (amax, float(sf), int(byte))
+
+
+def _e4m3_table():
+    """All finite e4m3fn values by code, decoded from the bit fields (not through torch's cast)."""
+    vals = {}
+    for code in range(256):
+        s, e, m = code >> 7, (code >> 3) & 0xF, code & 7
+        if e == 15 and m == 7:
+            continue  # NaN
+        mag = m * 2.0**-9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+        vals[code] = -mag if s else mag
+    return vals
+
+
+def _nearest_even(x: float, table: dict[int, float], qmax: float) -> int:
+    """Independent RNE: nearest code by exhaustive search; a tie goes to the even code; the sign
+    bit comes from x (so negative values rounding to zero keep it)."""
+    x = max(-qmax, min(qmax, x))
+    neg = math.copysign(1.0, x) < 0
+    cands = [(abs(abs(x) - v), c & 1, c) for c, v in table.items() if v >= 0 and not (v == 0 and c != 0)]
+    code = min(cands)[2]
+    sign_bit = 0x80 if len(table) > 16 else 0x8
+    return code | sign_bit if neg else code
+
+
+def test_e4m3_random_vs_exhaustive_rne():
+    table = _e4m3_table()
+    x = torch.cat([torch.randn(3000) * s for s in (1e-3, 0.1, 3.0, 100.0, 600.0)])
+    got = cast_to_e4m3_bits(x)
+    for v, g in zip(x.tolist(), got.tolist(), strict=True):
+        assert g == _nearest_even(v, table, 448.0), v
+
+
+def test_e2m1_random_vs_exhaustive_rne():
+    table = {c: v for c, v in enumerate(E2M1_VALUES)}
+    x = torch.cat([torch.randn(4000) * s for s in (0.3, 2.0, 8.0)])
+    # add every midpoint and its FP32 neighbours
+    mids = [(a + b) / 2 for a, b in zip(E2M1_VALUES, E2M1_VALUES[1:], strict=False)]
+    extra = []
+    for m in mids:
+        extra += [m, torch.nextafter(f32(m), f32(0.0)).item(), torch.nextafter(f32(m), f32(9.0)).item()]
+    x = torch.cat([x, f32(extra), -f32(extra)])
+    got = cast_to_e2m1_codes(x)
+    for v, g in zip(x.tolist(), got.tolist(), strict=True):
+        assert g == _nearest_even(v, table, 6.0), v
+
+
+def test_ue8m0_random_vs_log2():
+    amax = torch.rand(2000) * torch.exp2(torch.randint(-60, 60, (2000,)).float())
+    for qmax in (448.0, 6.0):
+        sf, byte = ue8m0_scale(amax, qmax)
+        for a, s, b in zip(amax.tolist(), sf.tolist(), byte.tolist(), strict=True):
+            q = (f32(a) / f32(qmax)).item()  # the FP32 quotient, exactly as SPEC rounds it
+            m, e = math.frexp(q)  # q = m * 2**e, 0.5 <= m < 1
+            want = 2.0 ** (e - 1) if m == 0.5 else 2.0**e
+            assert s == want and b == int(math.log2(want)) + 127, (a, qmax, s)
+
+
+def _quantize_row_independent(row: torch.Tensor, fmt: KVCacheFormat):
+    """Bytes of one row from Python floats: the exhaustive RNE search and frexp-based scales."""
+    if fmt.data_dtype == "bf16":
+        return row.to(torch.bfloat16).view(torch.uint8).tolist(), []
+    g = fmt.group_size
+    table = _e4m3_table() if fmt.data_dtype == "e4m3" else {c: v for c, v in enumerate(E2M1_VALUES)}
+    codes, scales = [], []
+    for b in range(fmt.num_scales):
+        block = row[b * g:(b + 1) * g].tolist()
+        amax = max(max(abs(v) for v in block), f32(fmt.amax_floor).item())
+        if fmt.scale_dtype == "ue8m0":
+            m, e = math.frexp((f32(amax) / f32(fmt.qmax)).item())
+            sf = 2.0 ** (e - 1) if m == 0.5 else 2.0**e
+            scales.append(int(math.log2(sf)) + 127)
+        else:
+            code = _nearest_even((f32(amax) / f32(6.0)).item(), _e4m3_table(), 448.0)
+            sf = _e4m3_table()[code]
+            scales.append(code)
+        inv = (f32(1.0) / f32(sf)).item()
+        codes += [_nearest_even((f32(v) * f32(inv)).item(), table, fmt.qmax) for v in block]
+    if fmt.data_dtype == "e2m1":
+        codes = [codes[2 * i] | (codes[2 * i + 1] << 4) for i in range(len(codes) // 2)]
+    return codes, scales
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_quantize_row_vs_independent(name):
+    fmt = FORMATS[name]
+    for scale in (1e-6, 1.0, 300.0):
+        row = (torch.randn(fmt.dim) * scale).bfloat16().float()
+        row[5] = -0.0
+        row[fmt.dim // 2:fmt.dim // 2 + 40] = 0.0  # all-zero blocks hit the amax floor
+        data, scales = quantize_row(row, fmt)
+        want_data, want_scales = _quantize_row_independent(row, fmt)
+        assert data.tolist() == want_data
+        assert scales.tolist() == want_scales
+
+
+def test_amax_floor_blocks():
+    # A zero block: amax = 1e-4 -> sf = ue8m0(1e-4 / 448) = 2^-22 (byte 105); codes are signed zeros.
+    row = torch.zeros(512)
+    row[1] = -0.0
+    data, scales = quantize_row(row, FP8_MAIN_KV_FORMAT)
+    assert scales.tolist() == [105] * 16
+    assert data[0] == 0 and data[1] == 0x80 and int(data[2:].sum()) == 0
+    # FP4 main: amax floor 6 * 2^-9 -> e4m3 scale 2^-9 (code 0x01)
+    data, scales = quantize_row(torch.zeros(512), FP4_MAIN_KV_FORMAT)
+    assert scales.tolist() == [0x01] * 32 and int(data.sum()) == 0
+    # FP4 index (UE8M0): amax floor 6 * 2^-126 -> scale 2^-126 (byte 1)
+    data, scales = quantize_row(torch.zeros(128), FP4_INDEX_KV_FORMAT)
+    assert scales.tolist() == [1] * 4 and int(data.sum()) == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Stages
+# ------------------------------------------------------------------------------------------------
+
+def test_rms_norm_formula():
+    x = torch.randn(7, 512).bfloat16()
+    for w in (torch.rand(512).bfloat16(), torch.rand(512)):
+        y = rms_norm_ref(x, w, 1e-6)
+        want = x.double() / torch.sqrt((x.double() ** 2).mean(-1, keepdim=True) + 1e-6) * w.double()
+        assert y.dtype == torch.bfloat16
+        # FP32 math vs float64: the BF16 results differ by at most one step
+        assert torch.allclose(y.double(), want, rtol=2**-7, atol=0)
+    ones = torch.tensor([1.0, -1.0] * 256).bfloat16()
+    w = torch.randn(512).bfloat16()
+    assert torch.equal(rms_norm_ref(ones, w, 0.0), (ones.float() * w.float()).bfloat16())  # exact case
+
+
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
+def test_rope_pairs(interleaved):
+    dim, rope = 128, 64
+    x = torch.randn(dim).bfloat16()
+    cos, sin = torch.randn(rope // 2), torch.randn(rope // 2)
+    got = apply_rope_ref(x, cos, sin, rope, interleaved)
+    want = x.float().clone()
+    base = dim - rope
+    for i in range(rope // 2):
+        ia, ib = (base + 2 * i, base + 2 * i + 1) if interleaved else (base + i, base + i + rope // 2)
+        a, b = f32(x[ia].item()), f32(x[ib].item())
+        want[ia] = a * cos[i] - b * sin[i]
+        want[ib] = a * sin[i] + b * cos[i]
+    compare_bitwise("rope", got, want.bfloat16()).check()
+    assert torch.equal(got[:base], x[:base])  # channels before the rope slice pass through
+    # rotation by angle 0 is the identity; by pi/2 maps (a, b) -> (-b, a)
+    assert torch.equal(apply_rope_ref(x, torch.ones(32), torch.zeros(32), rope, interleaved), x)
+    r = apply_rope_ref(x, torch.zeros(32), torch.ones(32), rope, interleaved)
+    ia, ib = (base, base + 1) if interleaved else (base, base + 32)
+    assert r[ia] == -x[ib] and r[ib] == x[ia]
+
+
+def test_hadamard_matrix_and_transform():
+    for n in (2, 4, 8, 128):
+        h = _hadamard_matrix(n)
+        assert torch.equal(h @ h.T, n * torch.eye(n, dtype=torch.float64))
+    h = _hadamard_matrix(128)
+    x = torch.randn(5, 128).bfloat16()
+    got = hadamard_ref(x)
+    want = (x.double() @ h.T) * 128**-0.5
+    assert torch.allclose(got.double(), want, rtol=2**-7, atol=1e-6)
+    e0 = torch.zeros(128).bfloat16()
+    e0[0] = 1
+    assert torch.equal(hadamard_ref(e0), torch.full((128,), 128**-0.5).bfloat16())
+    e1 = torch.zeros(128).bfloat16()
+    e1[1] = 1  # second column of Sylvester H: +1, -1 alternating
+    assert torch.equal(hadamard_ref(e1), (h[:, 1] * 128**-0.5).bfloat16())
+    small = torch.tensor([1.0, 2.0, 3.0, 4.0]).bfloat16()
+    assert hadamard_ref(small).float().tolist() == [5.0, -1.0, -2.0, 0.0]  # [10,-2,-4,0] * 0.5
+
+
+# ------------------------------------------------------------------------------------------------
+# The operator: layouts, skips, out_norm, repeated calls (loop reference)
+# ------------------------------------------------------------------------------------------------
+
+def _exact_inputs(fmt, w_row, slots, rows_per_block=4, num_blocks=3):
+    """|x| = 1 rows, eps = 0, position 0 with cos = 1, sin = 0: the stored row is exactly sign * w."""
+    rows = len(slots)
+    kv = torch.ones(rows, fmt.dim).bfloat16()
+    kv[:, 1::3] = -1
+    cos, sin = torch.ones(4, 32), torch.zeros(4, 32)
+    pos = torch.zeros(rows, dtype=torch.int32)
+    cache = torch.full((num_blocks, fmt.block_bytes(rows_per_block)), SENTINEL, dtype=torch.uint8)
+    return kv, w_row, cos, sin, pos, torch.tensor(slots, dtype=torch.int64), cache
+
+
+def test_fp8_main_layout_by_hand():
+    fmt = FP8_MAIN_KV_FORMAT
+    w = torch.full((512,), 1.0).bfloat16()
+    w[0], w[2], w[32], w[33] = 448.0, 0.875, 0.5, 2.0  # group 0 amax 448 -> scale 1; group 1 amax 2
+    kv, w, cos, sin, pos, slots, cache = _exact_inputs(fmt, w, [6])
+    norm_rope_hadamard_cast_store_ref(kv, w, 0.0, cos, sin, pos, slots, cache, fmt)
+    block = cache[1]  # slot 6 = block 1, row 2 (4 rows per block)
+    assert block.shape[0] == 4 * 528
+    row = block[2 * 528:3 * 528]
+    assert row[0] == 0x7E and row[2] == 0x36 and row[1] == 0xB8  # 448, 0.875, -1 (x[1] = -1)
+    assert row[512] == 127  # scale of group 0 = 2^0
+    assert row[513] == 127 - 7  # group 1: amax 2 -> 2/448 -> 2^-7
+    assert row[32] == 0x68 and row[33] == 0x78  # 0.5 * 128 = 64 (0x68); 2 * 128 = 256 (0x78)
+    others = torch.cat([cache[0], cache[2], block[:2 * 528], block[3 * 528:]])
+    assert bool((others == SENTINEL).all())
+
+
+def test_fp4_main_layout_and_nibbles_by_hand():
+    fmt = FP4_MAIN_KV_FORMAT
+    w = torch.full((512,), 1.0).bfloat16()
+    w[0], w[1], w[2], w[3] = 0.5, 6.0, 1.5, 3.0  # amax 6 -> e4m3 scale 1.0; x[1] = -1 -> -6
+    w[16:32] = 0.25  # group 1: amax 0.25 (x[16] = -0.25) -> scale e4m3(0.25/6)
+    kv, w, cos, sin, pos, slots, cache = _exact_inputs(fmt, w, [0])
+    norm_rope_hadamard_cast_store_ref(kv, w, 0.0, cos, sin, pos, slots, cache, fmt)
+    row = cache[0, :288]
+    assert row[0] == (0x1 | (0xF << 4))  # element 0 = +0.5 (code 1) low, element 1 = -6 (code 15) high
+    assert row[1] == (0x3 | (0x5 << 4))  # +1.5 (code 3), +3 (code 5)
+    sf1 = torch.tensor(0.25 / 6).to(torch.float8_e4m3fn)
+    assert row[256] == 0x38 and row[257] == int(sf1.view(torch.uint8))
+    assert bool((cache[0, 288:] == SENTINEL).all()) and bool((cache[1:] == SENTINEL).all())
+
+
+def test_fp4_index_block_sections_by_hand():
+    fmt = FP4_INDEX_KV_FORMAT
+    w = torch.full((128,), 6.0).bfloat16()  # amax 6 -> UE8M0 scale 1 (byte 127), codes 7 / 15
+    kv, w, cos, sin, pos, slots, cache = _exact_inputs(fmt, w, [5, 2], rows_per_block=4)
+    norm_rope_hadamard_cast_store_ref(kv, w, 0.0, cos, sin, pos, slots, cache, fmt)
+    # slot 5 = block 1, row 1: data at [64, 128), scales at 4*64 + 4 = [260, 264)
+    assert cache.shape[1] == 4 * 68
+    blk = cache[1]
+    want = [0x7 | (0xF << 4), 0x7 | (0x7 << 4), 0xF | (0x7 << 4)]  # x[1], x[4], x[7], ... are -1
+    assert blk[64:67].tolist() == want
+    assert blk[260:264].tolist() == [127] * 4
+    assert bool((blk[:64] == SENTINEL).all()) and bool((blk[128:256] == SENTINEL).all())
+    assert bool((blk[256:260] == SENTINEL).all()) and bool((blk[264:] == SENTINEL).all())
+    assert cache[0, 128:131].tolist() == want and cache[0, 264:268].tolist() == [127] * 4  # slot 2
+    assert bool((cache[2] == SENTINEL).all())
+
+
+def test_bf16_layout_by_hand():
+    fmt = BF16_KV_FORMAT
+    w = torch.randn(512).bfloat16()
+    kv, w, cos, sin, pos, slots, cache = _exact_inputs(fmt, w, [3])
+    norm_rope_hadamard_cast_store_ref(kv, w, 0.0, cos, sin, pos, slots, cache, fmt)
+    want = (kv[0].float() * w.float()).bfloat16()
+    assert torch.equal(cache[0, 3 * 1024:4 * 1024].view(torch.bfloat16), want)
+    assert bool((cache[0, :3 * 1024] == SENTINEL).all())
+
+
+@dataclass(frozen=True)
+class StoreCase:
+    id: str
+    fmt: str
+    rows: int
+    interleaved: bool = True
+    hadamard: bool = False
+    weight_fp32: bool = False
+    scale: float = 1.0
+    offset: float = 0.0
+    rows_per_block: int = 8
+    index_dtype: torch.dtype = torch.int64
+
+
+STORE_CASES = [
+    StoreCase("fp8_main", "fp8_main", 13),
+    StoreCase("fp8_main_half_w32", "fp8_main", 9, interleaved=False, weight_fp32=True),
+    StoreCase("fp8_main_tiny", "fp8_main", 6, scale=1e-8, index_dtype=torch.int32),
+    StoreCase("fp8_main_shift100", "fp8_main", 5, offset=100.0),
+    StoreCase("fp4_main", "fp4_main", 11),
+    StoreCase("fp4_main_half_big", "fp4_main", 7, interleaved=False, scale=3e4),
+    StoreCase("fp4_index_hadamard", "fp4_index", 21, hadamard=True, rows_per_block=16),
+    StoreCase("fp4_index_plain_half", "fp4_index", 10, interleaved=False, rows_per_block=5),
+    StoreCase("fp4_index_hadamard_tiny", "fp4_index", 8, hadamard=True, scale=1e-30, index_dtype=torch.int32),
+    StoreCase("bf16", "bf16", 7),
+    StoreCase("bf16_half", "bf16", 4, interleaved=False, weight_fp32=True),
+]
+
+
+def make_inputs(case: StoreCase, device="cpu", max_position=64, num_blocks=None, gen=None):
+    fmt = FORMATS[case.fmt]
+    rows, rpb = case.rows, case.rows_per_block
+    num_blocks = num_blocks or (rows + 2 * rpb) // rpb + 1
+    kv = (torch.randn(rows, fmt.dim, generator=gen) * case.scale + case.offset).bfloat16()
+    w = torch.rand(fmt.dim, generator=gen) * 1.5 + 0.25
+    w = w if case.weight_fp32 else w.bfloat16()
+    ang = torch.rand(max_position, 32, generator=gen) * 6.3
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    pos = torch.randint(0, max_position, (rows,), generator=gen).to(case.index_dtype)
+    slots = torch.randperm(num_blocks * rpb, generator=gen)[:rows].to(case.index_dtype)
+    if rows > 2:
+        slots[1] = -1
+        pos[1] = 10**6  # a skipped row's position is never read
+    cache = torch.full((num_blocks, fmt.block_bytes(rpb)), SENTINEL, dtype=torch.uint8)
+    to = lambda t: t.to(device)  # noqa: E731
+    return fmt, to(kv), to(w), to(cos), to(sin), to(pos), to(slots), to(cache)
+
+
+@pytest.mark.parametrize("case", STORE_CASES, ids=case_id)
+def test_loop_reference_equals_twin(case):
+    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(case)
+    cache2 = cache.clone()
+    on1 = torch.full((case.rows, fmt.dim), 7.0).bfloat16()
+    on2 = on1.clone()
+    kw = dict(rope_dim=64, interleaved=case.interleaved, hadamard=case.hadamard)
+    norm_rope_hadamard_cast_store_ref(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, out_norm=on1, **kw)
+    norm_rope_hadamard_cast_store_torch(kv, w, 1e-6, cos, sin, pos, slots, cache2, fmt, out_norm=on2, **kw)
+    # both compute with the same FP32 operations in the same order: payload bytes and rows bitwise
+    compare_bitwise("kv_cache", cache2, cache).check()
+    compare_bitwise("out_norm", on2, on1).check()
+    # out_norm is the norm stage for every row, skipped rows included
+    compare_bitwise("out_norm_vs_stage", on1, rms_norm_ref(kv, w, 1e-6)).check()
+    # untouched slots keep the sentinel; written slots decode close to the pipeline's values
+    rpb = case.rows_per_block
+    written = torch.zeros(cache.shape[0] * rpb, dtype=torch.bool)
+    written[slots[slots >= 0].long()] = True
+    for s in torch.nonzero(~written).flatten().tolist()[:20]:
+        blk, r = divmod(s, rpb)
+        d0 = fmt.data_offset(r, rpb)
+        assert bool((cache[blk, d0:d0 + fmt.data_bytes] == SENTINEL).all()), s
+    stored = slots[slots >= 0]
+    deq = dequantize_rows(cache, stored, fmt)
+    y = rms_norm_ref(kv, w, 1e-6)[slots >= 0]
+    p = pos[slots >= 0].long()
+    z = apply_rope_ref(y, cos[p], sin[p], 64, case.interleaved)
+    z = hadamard_ref(z) if case.hadamard else z
+    err = (deq - z.float()).abs().amax(-1) / z.float().abs().amax(-1).clamp_min(1e-30)
+    tol = {"e4m3": 0.07, "e2m1": 0.34, "bf16": 0.0}[fmt.data_dtype]
+    assert bool((err <= tol).all()), err
+
+
+def test_repeated_calls_and_overwrite():
+    case = StoreCase("rep", "fp8_main", 6)
+    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(case)
+    slots, pos = torch.tensor([0, 1, 2, 3, 4, 5]), pos.clamp(0, 63)
+    norm_rope_hadamard_cast_store_ref(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt)
+    first = cache.clone()
+    kv2 = torch.randn_like(kv.float()).bfloat16()
+    slots2 = torch.tensor([5, 9, -1, 10, -1, 11])
+    norm_rope_hadamard_cast_store_ref(kv2, w, 1e-6, cos, sin, pos, slots2, cache, fmt)
+    assert torch.equal(cache[0, :5 * 528], first[0, :5 * 528])  # slots 0..4 kept
+    assert not torch.equal(cache[0, 5 * 528:6 * 528], first[0, 5 * 528:6 * 528])  # slot 5 replaced
+    fresh = torch.full_like(cache, SENTINEL)
+    norm_rope_hadamard_cast_store_ref(kv2, w, 1e-6, cos, sin, pos, slots2, fresh, fmt)
+    assert torch.equal(cache[1], fresh[1])
+    assert torch.equal(cache[0, 5 * 528:6 * 528], fresh[0, 5 * 528:6 * 528])
+
+
+def test_zero_rows():
+    case = StoreCase("empty", "fp4_index", 0, rows_per_block=4)
+    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(case)
+    before = cache.clone()
+    norm_rope_hadamard_cast_store_ref(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, hadamard=True,
+                                      out_norm=torch.empty(0, 128, dtype=torch.bfloat16))
+    assert torch.equal(cache, before)
+
+
+# ------------------------------------------------------------------------------------------------
+# Error paths: raised before anything is written
+# ------------------------------------------------------------------------------------------------
+
+def _bad(name):
+    case = StoreCase("err", "fp8_main", 4)
+    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(case, max_position=16)
+    args = dict(kv=kv, norm_weight=w, eps=1e-6, cos=cos, sin=sin, positions=pos, slot_mapping=slots,
+                kv_cache=cache, fmt=fmt)
+    kw = {}
+    if name == "kv_dtype":
+        args["kv"] = kv.float()
+    elif name == "kv_dim":
+        args["kv"] = kv[:, :256]
+    elif name == "kv_ndim":
+        args["kv"] = kv.reshape(-1)
+    elif name == "weight_shape":
+        args["norm_weight"] = w[:100]
+    elif name == "weight_dtype":
+        args["norm_weight"] = w.half()
+    elif name == "eps_type":
+        args["eps"] = torch.tensor(1e-6)
+    elif name == "eps_negative":
+        args["eps"] = -1.0
+    elif name == "rope_odd":
+        kw["rope_dim"] = 63
+    elif name == "rope_too_big":
+        kw["rope_dim"] = 1024
+    elif name == "cos_shape":
+        args["cos"] = cos[:, :16]
+    elif name == "cos_dtype":
+        args["cos"] = cos.double()
+    elif name == "sin_shape":
+        args["sin"] = sin[:8]
+    elif name == "pos_dtype":
+        args["positions"] = pos.float()
+    elif name == "pos_shape":
+        args["positions"] = pos[:2]
+    elif name == "slot_dtype":
+        args["slot_mapping"] = slots.to(torch.int16)
+    elif name == "slot_shape":
+        args["slot_mapping"] = slots[None]
+    elif name == "cache_dtype":
+        args["kv_cache"] = cache.view(torch.int8)
+    elif name == "cache_width":
+        args["kv_cache"] = cache[:, :1000].contiguous()
+    elif name == "cache_noncontig":
+        args["kv_cache"] = torch.full((cache.shape[1], cache.shape[0]), 1, dtype=torch.uint8).T
+    elif name == "fmt_type":
+        args["fmt"] = "fp8_main"
+    elif name == "hadamard_non_pow2":
+        fmt3 = KVCacheFormat("fp8_384", 384, "e4m3", "ue8m0", 32)
+        args.update(kv=torch.zeros(4, 384).bfloat16(), norm_weight=torch.ones(384), fmt=fmt3,
+                    kv_cache=torch.zeros(2, fmt3.row_bytes * 4, dtype=torch.uint8))
+        kw["hadamard"] = True
+    elif name == "interleaved_type":
+        kw["interleaved"] = 1
+    elif name == "out_norm_shape":
+        kw["out_norm"] = torch.empty(3, 512, dtype=torch.bfloat16)
+    elif name == "out_norm_dtype":
+        kw["out_norm"] = torch.empty(4, 512)
+    elif name == "slot_beyond_cache":
+        slots[2] = cache.shape[0] * 8
+    elif name == "position_beyond_table":
+        pos[0], slots[0] = 16, 0
+    elif name == "position_negative":
+        pos[0], slots[0] = -1, 0
+    else:
+        raise AssertionError(name)
+    return args, kw
+
+
+ERRORS = {
+    "kv_dtype": TypeError, "kv_dim": ValueError, "kv_ndim": ValueError, "weight_shape": ValueError,
+    "weight_dtype": TypeError, "eps_type": TypeError, "eps_negative": ValueError, "rope_odd": ValueError,
+    "rope_too_big": ValueError, "cos_shape": ValueError, "cos_dtype": TypeError, "sin_shape": ValueError,
+    "pos_dtype": TypeError, "pos_shape": ValueError, "slot_dtype": TypeError, "slot_shape": ValueError,
+    "cache_dtype": TypeError, "cache_width": ValueError, "cache_noncontig": ValueError,
+    "fmt_type": TypeError, "hadamard_non_pow2": ValueError, "interleaved_type": TypeError,
+    "out_norm_shape": ValueError, "out_norm_dtype": TypeError, "slot_beyond_cache": ValueError,
+    "position_beyond_table": ValueError, "position_negative": ValueError,
+}
+
+
+@pytest.mark.parametrize("name", list(ERRORS))
+def test_errors_before_any_write(name):
+    args, kw = _bad(name)
+    before = args["kv_cache"].clone()
+    with pytest.raises(ERRORS[name]):
+        norm_rope_hadamard_cast_store_ref(**args, **kw)
+    assert torch.equal(args["kv_cache"], before)
