@@ -108,7 +108,7 @@ def compare_bf16_ulp(output: str, actual: torch.Tensor, expected: torch.Tensor,
 
 def format_table(title: str, header: list[str], rows: list[list[str]]) -> str:
     """A plain fixed-width table for terminals and logs."""
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)] if rows else [len(h) for h in header]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
     out = [title, line(header), line(["-" * w for w in widths])]
     out += [line(r) for r in rows]
