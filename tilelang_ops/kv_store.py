@@ -1,0 +1,331 @@
+"""TileLang kernel: fused RMSNorm -> RoPE -> [Hadamard] -> cast -> paged-cache store (SPEC 1.5, 2).
+
+Work split: a row of ``dim`` elements is spread over ``dim / 16`` consecutive lanes of one warp (32
+lanes for the 512-wide main rows, 8 for the 128-wide index rows), each lane holding 16 consecutive
+elements in registers; a CTA of 128 threads handles 4 main or 16 index rows. Reductions (sum of
+squares, group amax), the half-split RoPE partner and the cross-lane Hadamard stages use warp
+shuffles, so there is no shared memory and no barrier. Each lane writes its 16 FP8 codes (one 16-byte
+store), 8 packed FP4 bytes (8-byte store) or 32 BF16 bytes (two 16-byte stores); scale bytes follow.
+
+Arithmetic matches ``reference.kv_store`` operation by operation: RoPE products/sums and the scale
+divisions use IEEE round-to-nearest intrinsics so nvcc cannot contract them into FMAs; the Hadamard
+butterflies run in the reference's order (h = 1, 2, 4, ... with lo + hi / lo - hi); FP32 constants are
+built from their bit patterns. Only the order of the RMS sum of squares differs from torch (tests
+allow the resulting rare one-step code flips). e4m3 codes come from the native conversion
+(``cvt.rn.satfinite``: RNE, keeps the sign of zero) after an explicit clamp; e2m1 codes are computed
+with midpoint thresholds (sm_90 has no e2m1 conversion instruction).
+
+Reuse: ``make_row_store`` returns the per-row pipeline as a ``@T.macro`` that takes one row already in
+registers (16 FP32 values per lane in the layout above) and does norm -> rope -> [hadamard] -> cast ->
+store; ``compress_store`` can call it on its compressed row.
+"""
+
+
+
+import functools
+import struct
+
+import tilelang
+import tilelang.language as T
+import torch
+
+from metadata.cache_format import ALL_FORMATS, KVCacheFormat
+from metadata.checks import check_cuda, debug_checks_enabled
+from metadata.kv_store_args import check_store_args, check_store_values
+
+VEC = 16  # row elements per lane
+THREADS = 128  # threads per CTA
+
+_FORMATS = {f.name: f for f in ALL_FORMATS}
+_TORCH_TO_TL = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.int32: "int32",
+                torch.int64: "int64"}
+
+
+def _f32(v: float):
+    """An FP32 constant from its bit pattern (so no decimal printing can change it)."""
+    return T.reinterpret(T.uint32(struct.unpack("<I", struct.pack("<f", v))[0]), "float32")
+
+
+def kernel_supports(fmt: KVCacheFormat, rope_dim: int, interleaved: bool) -> str | None:
+    """None when the kernel handles this configuration, else why not (the wrapper raises it)."""
+    dim = fmt.dim
+    if dim % VEC or (dim // VEC) & (dim // VEC - 1) or dim // VEC > 32:
+        return f"dim={dim} must be 16 x a power of two <= 32"
+    if fmt.group_size not in (0, VEC, 2 * VEC):
+        return f"group_size={fmt.group_size} must be {VEC} or {2 * VEC}"
+    if rope_dim % (2 * VEC if not interleaved else VEC):
+        return f"rope_dim={rope_dim} must be a multiple of {2 * VEC if not interleaved else VEC}"
+    if not interleaved and (dim - rope_dim) % rope_dim:
+        return f"half-split RoPE needs (dim - rope_dim) % rope_dim == 0, got dim={dim} rope_dim={rope_dim}"
+    return None
+
+
+def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamard: bool,
+                   has_out_norm: bool, rows_per_block: int, weight_dtype: str):
+    """The per-row pipeline as a ``@T.macro`` (see the module docstring for the lane layout).
+
+    Macro arguments: ``x`` local FP32 [16] (this lane's elements ``lane*16 .. lane*16+15`` of the
+    BF16 input row), ``lane`` in [0, dim/16), the tensors ``weight`` [dim], ``cos``/``sin``
+    [max_pos, rope_dim/2] fp32, ``cache`` flat uint8 [cache_bytes], ``out_norm`` [*, dim] bf16,
+    scalars ``position``, ``slot`` (int64), ``row_ok`` (the row exists), ``out_row``, ``max_pos``,
+    ``capacity`` (slots in the cache), ``eps`` (fp32). Every lane of the row must call it (it
+    shuffles); rows with a bad slot or position are not stored (out_norm is still written).
+    """
+    dim = fmt.dim
+    lanes = dim // VEC  # lanes per row
+    log_lanes = lanes.bit_length() - 1
+    rope0 = dim - rope_dim  # first rotated channel
+    half = rope_dim // 2
+    kind = fmt.data_dtype
+    group = fmt.group_size
+    lanes_per_group = max(1, group // VEC)
+    out_bytes = {"e4m3": VEC, "e2m1": VEC // 2, "bf16": 2 * VEC}[kind]  # bytes per lane
+    store_vec = min(16, out_bytes)  # bytes per vector store
+    wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte loads
+
+    @T.macro
+    def row_store(x, lane, weight, cos, sin, cache, out_norm, position, slot, row_ok, out_row, max_pos,
+                  capacity, eps):
+        wl = T.alloc_local([VEC], weight_dtype)
+        y = T.alloc_local([VEC], "float32")
+        z = T.alloc_local([VEC], "float32")
+        oth = T.alloc_local([VEC], "float32")
+        cs = T.alloc_local([VEC], "float32")
+        sn = T.alloc_local([VEC], "float32")
+        yb = T.alloc_local([VEC], "bfloat16")
+        codes = T.alloc_local([VEC], "uint8")
+        packed = T.alloc_local([out_bytes], "uint8")
+        ss = T.alloc_var("float32")
+        rstd = T.alloc_var("float32")
+        amax = T.alloc_var("float32")
+        sf = T.alloc_var("float32")
+        inv = T.alloc_var("float32")
+        sbyte = T.alloc_var("uint8")
+        bits = T.alloc_var("uint32")
+
+        # ---- RMSNorm: FP32 sum of squares over the row's lanes, y = bf16(x * rstd * w)
+        ss = T.float32(0)
+        for i in T.unroll(VEC):
+            ss = ss + x[i] * x[i]
+        for k in T.unroll(log_lanes):
+            ss = ss + T.shfl_xor(ss, lanes >> (k + 1))  # a + b == b + a: every lane gets the same sum
+        rstd = T.ieee_fdiv(_f32(1.0), T.ieee_fsqrt(T.ieee_add(T.ieee_mul(ss, _f32(1.0 / dim)), eps)))
+        for v in T.unroll(VEC // wvec):
+            for i in T.vectorized(wvec):
+                wl[v * wvec + i] = weight[lane * VEC + v * wvec + i]
+        for i in T.unroll(VEC):
+            yb[i] = T.Cast("bfloat16", T.ieee_mul(T.ieee_mul(x[i], rstd), T.Cast("float32", wl[i])))
+        if has_out_norm:
+            if row_ok:
+                for v in T.unroll(2):
+                    for i in T.vectorized(8):
+                        out_norm[out_row, lane * VEC + v * 8 + i] = yb[v * 8 + i]
+        for i in T.unroll(VEC):
+            y[i] = T.Cast("float32", yb[i])
+
+        # ---- RoPE on channels [rope0, dim); the position is clamped for the loads only
+        pos = T.min(T.max(T.Cast("int32", position), 0), max_pos - 1)
+        if not interleaved:
+            for k in T.unroll(VEC):  # every lane shuffles (no divergence before a shuffle)
+                oth[k] = T.shfl_xor(y[k], half // VEC)
+        if lane >= rope0 // VEC:
+            off = lane * VEC - rope0
+            if interleaved:
+                for j in T.vectorized(VEC // 2):
+                    cs[j] = cos[pos, off // 2 + j]
+                for j in T.vectorized(VEC // 2):
+                    sn[j] = sin[pos, off // 2 + j]
+                for j in T.unroll(VEC // 2):
+                    z[2 * j] = T.ieee_sub(T.ieee_mul(y[2 * j], cs[j]), T.ieee_mul(y[2 * j + 1], sn[j]))
+                    z[2 * j + 1] = T.ieee_add(T.ieee_mul(y[2 * j], sn[j]), T.ieee_mul(y[2 * j + 1], cs[j]))
+            else:
+                if off < half:  # this lane holds a, the partner lane b
+                    for j in T.vectorized(VEC):
+                        cs[j] = cos[pos, off + j]
+                    for j in T.vectorized(VEC):
+                        sn[j] = sin[pos, off + j]
+                    for j in T.unroll(VEC):
+                        z[j] = T.ieee_sub(T.ieee_mul(y[j], cs[j]), T.ieee_mul(oth[j], sn[j]))
+                else:  # this lane holds b, the partner lane a
+                    for j in T.vectorized(VEC):
+                        cs[j] = cos[pos, off - half + j]
+                    for j in T.vectorized(VEC):
+                        sn[j] = sin[pos, off - half + j]
+                    for j in T.unroll(VEC):
+                        z[j] = T.ieee_add(T.ieee_mul(oth[j], sn[j]), T.ieee_mul(y[j], cs[j]))
+            for j in T.unroll(VEC):
+                y[j] = T.Cast("float32", T.Cast("bfloat16", z[j]))
+
+        # ---- Hadamard (H_n x) * n**-0.5: butterflies h = 1..8 in registers, h >= 16 across lanes
+        if hadamard:
+            for s in T.unroll(4):
+                for q in T.unroll(VEC // 2):
+                    z[(q >> s) * (2 << s) + (q & ((1 << s) - 1))] = (
+                        y[(q >> s) * (2 << s) + (q & ((1 << s) - 1))]
+                        + y[(q >> s) * (2 << s) + (q & ((1 << s) - 1)) + (1 << s)])
+                    z[(q >> s) * (2 << s) + (q & ((1 << s) - 1)) + (1 << s)] = (
+                        y[(q >> s) * (2 << s) + (q & ((1 << s) - 1))]
+                        - y[(q >> s) * (2 << s) + (q & ((1 << s) - 1)) + (1 << s)])
+                for j in T.unroll(VEC):
+                    y[j] = z[j]
+            for s in T.unroll(log_lanes):
+                for j in T.unroll(VEC):
+                    oth[j] = T.shfl_xor(y[j], 1 << s)
+                for j in T.unroll(VEC):
+                    y[j] = T.if_then_else((lane & (1 << s)) == 0, y[j] + oth[j], oth[j] - y[j])
+            for j in T.unroll(VEC):
+                y[j] = T.Cast("float32", T.Cast("bfloat16", T.ieee_mul(y[j], _f32(dim ** -0.5))))
+
+        # ---- cast: one scale per group (a group spans 2 lanes or is a 16-element lane)
+        if kind == "bf16":
+            for j in T.unroll(VEC):
+                yb[j] = T.Cast("bfloat16", y[j])
+            for j in T.unroll(VEC):
+                packed[2 * j] = T.Cast("uint8", T.reinterpret(yb[j], "uint16") & T.uint16(0xFF))
+                packed[2 * j + 1] = T.Cast("uint8", T.reinterpret(yb[j], "uint16") >> T.uint16(8))
+        else:
+            amax = T.float32(0)
+            for j in T.unroll(VEC):
+                amax = T.max(amax, T.abs(y[j]))
+            if lanes_per_group == 2:
+                amax = T.max(amax, T.shfl_xor(amax, 1))  # the group's other half is the next lane
+            amax = T.max(amax, _f32(fmt.amax_floor))
+            if fmt.scale_dtype == "ue8m0":
+                # round amax / qmax up to a power of two by its bits; the byte is the biased exponent
+                bits = (T.reinterpret(T.ieee_fdiv(amax, _f32(fmt.qmax)), "uint32") + T.uint32(0x7FFFFF)
+                        ) & T.uint32(0x7F800000)
+                sf = T.reinterpret(bits, "float32")
+                sbyte = T.Cast("uint8", bits >> T.uint32(23))
+            else:
+                sf = T.Cast("float32",
+                            T.Cast("float8_e4m3fn", T.min(T.ieee_fdiv(amax, _f32(6.0)), _f32(448.0))))
+                sbyte = T.reinterpret(T.Cast("float8_e4m3fn", sf), "uint8")
+            inv = T.ieee_fdiv(_f32(1.0), sf)
+            for j in T.unroll(VEC):
+                z[j] = T.min(T.max(T.ieee_mul(y[j], inv), _f32(-fmt.qmax)), _f32(fmt.qmax))
+            if kind == "e4m3":
+                for j in T.unroll(VEC):
+                    packed[j] = T.reinterpret(T.Cast("float8_e4m3fn", z[j]), "uint8")
+            else:
+                for j in T.unroll(VEC):
+                    codes[j] = (T.Cast("uint8", T.abs(z[j]) > _f32(0.25))
+                                + T.Cast("uint8", T.abs(z[j]) >= _f32(0.75))
+                                + T.Cast("uint8", T.abs(z[j]) > _f32(1.25))
+                                + T.Cast("uint8", T.abs(z[j]) >= _f32(1.75))
+                                + T.Cast("uint8", T.abs(z[j]) > _f32(2.5))
+                                + T.Cast("uint8", T.abs(z[j]) >= _f32(3.5))
+                                + T.Cast("uint8", T.abs(z[j]) > _f32(5.0))
+                                + T.Cast("uint8",
+                                         (T.reinterpret(z[j], "uint32") >> T.uint32(31)) << T.uint32(3)))
+                for j in T.unroll(VEC // 2):
+                    packed[j] = codes[2 * j] | (codes[2 * j + 1] << T.uint8(4))
+
+        # ---- store at the slot (bad slots / positions are skipped, never written out of bounds)
+        if row_ok and slot >= 0 and slot < capacity and position >= 0 and position < max_pos:
+            if fmt.block_sections:
+                blk_base = (slot // rows_per_block) * (rows_per_block * fmt.row_bytes)
+                data_base = blk_base + (slot % rows_per_block) * fmt.data_bytes
+                scale_base = (blk_base + rows_per_block * fmt.data_bytes
+                              + (slot % rows_per_block) * fmt.scale_bytes)
+            else:
+                data_base = slot * fmt.row_bytes
+                scale_base = slot * fmt.row_bytes + fmt.data_bytes
+            for v in T.unroll(out_bytes // store_vec):
+                for i in T.vectorized(store_vec):
+                    cache[data_base + lane * out_bytes + v * store_vec + i] = packed[v * store_vec + i]
+            if kind != "bf16":
+                if lanes_per_group == 2:
+                    if lane % 2 == 0:
+                        cache[scale_base + lane // 2] = sbyte
+                else:
+                    cache[scale_base + lane] = sbyte
+
+    return row_store
+
+
+@tilelang.jit
+def kv_store_kernel(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: bool, has_out_norm: bool,
+                    rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str):
+    fmt = _FORMATS[fmt_name]
+    dim = fmt.dim
+    lanes = dim // VEC
+    rows_per_cta = THREADS // lanes
+    half = rope_dim // 2
+    row_store = make_row_store(fmt, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
+                               weight_dtype)
+    rows, norm_rows, max_pos = T.dynamic("rows, norm_rows, max_pos")
+    cache_bytes = T.dynamic("cache_bytes", "int64")
+    block_bytes = rows_per_block * fmt.row_bytes
+
+    @T.prim_func
+    def kernel(
+        kv: T.Tensor((rows, dim), "bfloat16"),  # [rows, dim] bf16
+        weight: T.Tensor((dim,), weight_dtype),  # [dim] bf16 or fp32
+        cos: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
+        sin: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
+        positions: T.Tensor((rows,), pos_dtype),  # [rows] int32/int64
+        slots: T.Tensor((rows,), slot_dtype),  # [rows] int32/int64, < 0: skip
+        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
+        out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [rows, dim] bf16 (or [1, dim] dummy)
+        eps: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(rows, rows_per_cta), threads=THREADS) as bx:
+            tx = T.get_thread_binding()
+            lane = tx % lanes
+            row = bx * rows_per_cta + tx // lanes
+            r = T.min(row, rows - 1)  # tail rows redo the last row (they must shuffle) but store nothing
+            xb = T.alloc_local([VEC], "bfloat16")
+            x = T.alloc_local([VEC], "float32")
+            for v in T.unroll(2):
+                for i in T.vectorized(8):
+                    xb[v * 8 + i] = kv[r, lane * VEC + v * 8 + i]
+            for i in T.unroll(VEC):
+                x[i] = T.Cast("float32", xb[i])
+            row_store(x, lane, weight, cos, sin, cache, out_norm, T.Cast("int64", positions[r]),
+                      T.Cast("int64", slots[r]), row < rows, r, max_pos,
+                      (cache_bytes // block_bytes) * rows_per_block, eps)
+
+    return kernel
+
+
+_DUMMY_NORM: dict = {}
+
+
+def _dummy_norm(dim: int, device) -> torch.Tensor:
+    key = (dim, str(device))
+    if key not in _DUMMY_NORM:
+        _DUMMY_NORM[key] = torch.empty(1, dim, dtype=torch.bfloat16, device=device)
+    return _DUMMY_NORM[key]
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(*static):
+    return kv_store_kernel(*static)
+
+
+def norm_rope_hadamard_cast_store(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, *,
+                                  rope_dim=64, interleaved=True, hadamard=False, out_norm=None) -> None:
+    """Per row i: y = rmsnorm(kv[i]); [out_norm[i] = y]; if slot >= 0: cache[slot] = cast(H(rope(y))).
+
+    Same arguments and results as ``reference.kv_store.norm_rope_hadamard_cast_store_ref``:
+    kv [rows, fmt.dim] bf16, norm_weight [fmt.dim] bf16/fp32, cos/sin [max_position, rope_dim/2] fp32,
+    positions/slot_mapping [rows] int32/int64, kv_cache [num_blocks, fmt.block_bytes(rpb)] uint8
+    (written in place), out_norm optional [rows, fmt.dim] bf16. kv may be non-contiguous (copied).
+    """
+    geom = check_store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+                            rope_dim=rope_dim, interleaved=interleaved, hadamard=hadamard, out_norm=out_norm)
+    check_cuda(kv=kv, kv_cache=kv_cache)
+    why = kernel_supports(fmt, rope_dim, interleaved)
+    if why is not None or fmt.name not in _FORMATS or _FORMATS[fmt.name] != fmt:
+        raise ValueError(f"norm_rope_hadamard_cast_store kernel: unsupported configuration for "
+                         f"{fmt.name}: {why or 'not one of the four cache formats'}")
+    if debug_checks_enabled():
+        check_store_values(positions, slot_mapping, geom)
+    if geom.rows == 0:
+        return
+    static = (fmt.name, rope_dim, interleaved, hadamard, out_norm is not None,
+              geom.rows_per_block if fmt.block_sections else 1, _TORCH_TO_TL[norm_weight.dtype],
+              _TORCH_TO_TL[positions.dtype], _TORCH_TO_TL[slot_mapping.dtype])
+    norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, kv.device)
+    _kernel(*static)(kv.contiguous(), norm_weight.contiguous(), cos.contiguous(), sin.contiguous(),
+                     positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1), norm, float(eps))
