@@ -1,0 +1,439 @@
+"""compress_store (SPEC 1.5 main branch): the fused compress -> RMSNorm -> RoPE -> cast -> store.
+
+Comparison rules (SPEC 4), per output:
+* loop reference vs twin vs explicit composition: cache bytes, ring and out_norm **bitwise** (the same
+  FP32 operations in the same order: reference/compress.py and reference/kv_store.py docstrings);
+* chunking / decode invariances: bitwise as well (a row's arithmetic does not depend on how the
+  sequence was cut, only where its inputs come from);
+* kernel vs reference (GPU tier): ring bitwise (copies); out_norm within one BF16 ulp and cache codes
+  within one step on at most 0.1% of codes (the kernel's expf / rsqrt and its FP32 reduction order
+  can move one rounding, exactly as in the compress and store kernel tests); placeholder rows and
+  untouched cache bytes bitwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from metadata.cache_format import BF16_KV_FORMAT, FP4_INDEX_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT
+from metadata.prepare_tensor_input import SeqMetadata, prepare_tensor_input
+from reference.compress import compress_decode_ref, compress_prefill_ref
+from reference.compress_store import (
+    compress_store_decode_ref,
+    compress_store_decode_torch,
+    compress_store_prefill_ref,
+    compress_store_prefill_torch,
+)
+from reference.kv_store import apply_rope_ref, norm_rope_hadamard_cast_store_ref
+from tests.conftest import case_id
+from tilelang_ops.testing import compare_bitwise
+
+SENTINEL = 0xA5
+D = 512  # the main-branch formats fix the row width, so the compressed latent is 512 wide
+BLOCK = 16  # token positions per allocator block: 16 / r compressed rows per cache block
+FORMATS = {f.name: f for f in (FP8_MAIN_KV_FORMAT, FP4_MAIN_KV_FORMAT, BF16_KV_FORMAT)}
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Params:
+    """The store half's arguments (weights, tables, format) shared by the calls of one test."""
+
+    fmt: object
+    w: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    eps: float = 1e-6
+    interleaved: bool = True
+    rope_dim: int = 64
+
+    def to(self, device):
+        return Params(self.fmt, self.w.to(device), self.cos.to(device), self.sin.to(device), self.eps,
+                      self.interleaved, self.rope_dim)
+
+
+def make_params(fmt_name="fp8_main", *, max_position=4096, weight_fp32=False, interleaved=True, gen=None):
+    w = torch.rand(D, generator=gen) * 1.5 + 0.25
+    ang = torch.rand(max_position, 32, generator=gen) * 6.3
+    return Params(FORMATS[fmt_name], w if weight_fp32 else w.bfloat16(), torch.cos(ang), torch.sin(ang),
+                  interleaved=interleaved)
+
+
+def sequence(n, gen=None, scale=1.0):
+    """Projected inputs of n positions; scores spread wide so softmax weights are far from uniform."""
+    x = torch.randn(n, 2 * D, generator=gen) * scale
+    x[:, :D] *= 4
+    return x
+
+
+def new_cache(fmt, num_blocks, r, device="cpu"):
+    return torch.full((num_blocks, fmt.block_bytes(BLOCK // r)), SENTINEL, dtype=torch.uint8, device=device)
+
+
+def seq(q, k, slot, first_block=0):
+    """A request with a contiguous block table starting at ``first_block`` (enough for k positions)."""
+    blocks = max(1, -(-k // BLOCK))
+    return SeqMetadata(q, k, list(range(first_block, first_block + blocks)), slot)
+
+
+def prefill_args(x, state, meta, r, p: Params, cache):
+    k = str(r)
+    return (x, state, meta.cu_seqlens_q, meta.context_lens, meta.state_block_idx, meta.cu_compressed[k], r,
+            p.w, p.eps, p.cos, p.sin, meta.compressed_positions[k], meta.slot_mapping_store_ca[k], cache,
+            p.fmt)
+
+
+def decode_args(x, state, meta, r, p: Params, cache):
+    k = str(r)
+    return (x, state, meta.context_lens, meta.state_block_idx, meta.max_seqlen_q, r, p.w, p.eps, p.cos,
+            p.sin, meta.compressed_positions[k], meta.slot_mapping_store_ca[k], cache, p.fmt)
+
+
+def run_step(fn, x, state, meta, r, p, cache, out_norm=None):
+    """One prefill or decode call of a fused function (``fn`` = (prefill_fn, decode_fn))."""
+    kw = dict(out_norm=out_norm, rope_dim=p.rope_dim, interleaved=p.interleaved)
+    if meta.is_prefill:
+        fn[0](*prefill_args(x, state, meta, r, p, cache), num_rows=meta.num_rows[str(r)], **kw)
+    else:
+        fn[1](*decode_args(x, state, meta, r, p, cache), **kw)
+
+
+REF = (compress_store_prefill_ref, compress_store_decode_ref)
+TWIN = (compress_store_prefill_torch, compress_store_decode_torch)
+
+
+def composed(x, state, meta, r, p, cache, out_norm=None):
+    """compress then store, spelled out with the two operators' own references."""
+    k = str(r)
+    if meta.is_prefill:
+        kv = compress_prefill_ref(x, state, meta.cu_seqlens_q, meta.context_lens, meta.state_block_idx,
+                                  meta.cu_compressed[k], r)
+    else:
+        kv = compress_decode_ref(x, state, meta.context_lens, meta.state_block_idx, meta.max_seqlen_q, r)
+    norm_rope_hadamard_cast_store_ref(kv, p.w, p.eps, p.cos, p.sin, meta.compressed_positions[k],
+                                      meta.slot_mapping_store_ca[k], cache, p.fmt, rope_dim=p.rope_dim,
+                                      interleaved=p.interleaved, out_norm=out_norm)
+    return kv
+
+
+@dataclass(frozen=True)
+class BatchCase:
+    id: str
+    prefill: bool
+    fmt: str
+    r: int
+    ring: int
+    seqs: tuple  # (seqlen_q, seqlen_k, state_slot) per request
+    interleaved: bool = True
+    weight_fp32: bool = False
+    extra: dict = field(default_factory=dict, hash=False)
+
+
+def build_batch(case: BatchCase, gen, device="cpu"):
+    """Metadata from the builder (requests in disjoint block ranges), inputs, a random ring, a cache."""
+    seqs, first = [], 0
+    for q, k, slot in case.seqs:
+        s = seq(q, k, slot, first)
+        first += len(s.block_table)
+        seqs.append(s)
+    meta = prepare_tensor_input(seqs, is_prefill=case.prefill, block_size=BLOCK, compress_ratios=(case.r,))
+    x = sequence(meta.total_q, gen)
+    num_slots = max(slot for *_, slot in case.seqs) + 1
+    state = torch.randn(num_slots, case.ring, 2, D, generator=gen) * 3  # garbage must never reach a row
+    params = make_params(case.fmt, weight_fp32=case.weight_fp32, interleaved=case.interleaved, gen=gen)
+    cache = new_cache(params.fmt, first + 1, case.r)
+    return meta.to(device), x.to(device), state.to(device), params.to(device), cache.to(device)
+
+
+# (seqlen_q, seqlen_k, slot): straddling groups (odd start), nc = 0 chunks, an empty chunk,
+# a chunk longer than the ring, non-contiguous slots.
+PREFILL_MIX = ((5, 9, 6), (0, 4, 1), (1, 5, 0), (11, 11, 3), (9, 20, 2), (1, 1, 7), (2, 3, 4))
+# decode: several tokens per request, groups closing at different offsets of a step
+DECODE_MIX = ((3, 10, 2), (1, 5, 0), (6, 17, 4), (2, 2, 1))
+
+CPU_CASES = [
+    BatchCase("prefill_fp8", True, "fp8_main", 2, 7, PREFILL_MIX),
+    BatchCase("prefill_fp4_half_w32", True, "fp4_main", 2, 7, PREFILL_MIX[:4], interleaved=False,
+              weight_fp32=True),
+    BatchCase("prefill_bf16_min_ring", True, "bf16", 2, 2, PREFILL_MIX),
+    BatchCase("decode_fp8_q6_min_ring", False, "fp8_main", 2, 7, DECODE_MIX),
+    BatchCase("decode_fp4", False, "fp4_main", 2, 7, DECODE_MIX[:2]),
+    BatchCase("decode_bf16_half", False, "bf16", 2, 8, DECODE_MIX, interleaved=False),
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# composition: fused reference == compress ref then store ref == twins
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=case_id)
+def test_reference_is_the_composition_and_twin_matches(case):
+    gen = torch.Generator().manual_seed(1)
+    meta, x, state0, p, cache0 = build_batch(case, gen)
+    rows = meta.num_rows[str(case.r)]
+    outs = {}
+    for name, fn in (("ref", REF), ("twin", TWIN), ("composed", None)):
+        state, cache = state0.clone(), cache0.clone()
+        out_norm = torch.full((rows, D), 7.0, dtype=torch.bfloat16)
+        if fn is None:
+            kv = composed(x, state, meta, case.r, p, cache, out_norm)
+        else:
+            assert run_step(fn, x, state, meta, case.r, p, cache, out_norm) is None  # returns nothing
+        outs[name] = (state, cache, out_norm)
+    for name in ("ref", "twin"):
+        for what, got, want in zip(("ring", "cache", "out_norm"), outs[name], outs["composed"]):
+            compare_bitwise(f"{name} {what}", got, want).check()
+
+    # Rows with slot -1 (placeholders, tokens closing no group) compress to zero and store nothing;
+    # their out_norm row is the norm stage of a zero row (zeros for eps > 0).
+    slots = meta.slot_mapping_store_ca[str(case.r)].long()
+    skipped = slots < 0
+    assert bool(skipped.any()) and bool((~skipped).any())  # the case exercises both kinds of rows
+    compare_bitwise("skipped kv rows", kv[skipped], torch.zeros_like(kv[skipped])).check()
+    _, cache, out_norm = outs["ref"]
+    compare_bitwise("skipped out_norm", out_norm[skipped], torch.zeros_like(out_norm[skipped])).check()
+    assert_only_slots_written(cache, cache0, slots[~skipped], p.fmt, BLOCK // case.r)
+
+
+def assert_only_slots_written(cache, before, slots, fmt, rows_per_block):
+    """Bytes of every slot not in ``slots`` keep their old value; each stored slot changed somewhere."""
+    touched = torch.zeros(cache.shape[0] * rows_per_block, dtype=torch.bool)
+    touched[slots] = True
+    for s in range(touched.numel()):
+        blk, row = divmod(s, rows_per_block)
+        seg = slice(row * fmt.row_bytes, (row + 1) * fmt.row_bytes)
+        same = torch.equal(cache[blk, seg], before[blk, seg])
+        assert same != bool(touched[s]), f"slot {s}: written={not same}, stored={bool(touched[s])}"
+
+
+def test_stored_rows_follow_the_pipeline():
+    """Independent of the composition: BF16 cache rows are RoPE(out_norm) bitwise, and out_norm is the
+    float64 gated mean of the right positions, RMS-normalized (within BF16 rounding)."""
+    gen = torch.Generator().manual_seed(2)
+    r, n = 2, 11
+    p = make_params("bf16", weight_fp32=True, gen=gen)
+    x = sequence(n, gen)
+    state = torch.randn(1, 7, 2, D, generator=gen)
+    # first chunk 3 positions (group 1 straddles), then 8 more
+    history = x[:3]
+    meta = prepare_tensor_input([seq(3, 3, 0)], is_prefill=True, block_size=BLOCK, compress_ratios=(r,))
+    run_step(REF, history, state, meta, r, p, new_cache(p.fmt, 2, r))
+    meta = prepare_tensor_input([seq(8, n, 0)], is_prefill=True, block_size=BLOCK, compress_ratios=(r,))
+    cache = new_cache(p.fmt, 2, r)
+    out_norm = torch.empty(meta.num_rows["2"], D, dtype=torch.bfloat16)
+    run_step(REF, x[3:], state, meta, r, p, cache, out_norm)
+    assert meta.num_rows["2"] == 4  # rows 1..4 (positions 2..9); position 10 waits in the ring
+    s, v = x[:, :D].double(), x[:, D:].double()
+    for k, j in enumerate(range(1, 5)):
+        g = slice(j * r, j * r + r)
+        z = (torch.softmax(s[g], 0) * v[g]).sum(0)
+        z = z.bfloat16().double()
+        y = z / torch.sqrt((z * z).mean() + p.eps) * p.w.double()
+        assert torch.allclose(out_norm[k].double(), y, rtol=2**-7, atol=1e-6), j
+        slot = int(meta.slot_mapping_store_ca["2"][k])
+        blk, row = divmod(slot, BLOCK // r)
+        stored = cache[blk, row * 1024:(row + 1) * 1024].view(torch.bfloat16)
+        pos = j * r
+        want = apply_rope_ref(out_norm[k], p.cos[pos], p.sin[pos], 64, True)
+        compare_bitwise(f"row {j}", stored, want).check()
+    compare_bitwise("ring p=10", state[0, 10 % 7], x[10].view(2, D)).check()
+
+
+# ----------------------------------------------------------------------------------------------
+# invariances: chunking, prefill vs decode, batch vs separate calls
+# ----------------------------------------------------------------------------------------------
+
+
+def process(parts, x, r, ring, p, fn=REF, decode_step=None):
+    """Prefill ``parts`` (chunk lengths), then decode steps of ``decode_step`` tokens up to len(x).
+    Returns the cache, the ring, and the out_norm rows of completed groups in order."""
+    n = x.shape[0]
+    state = torch.zeros(1, ring, 2, D)
+    cache = new_cache(p.fmt, -(-n // BLOCK) + 1, r)
+    norms, e = [], 0
+    steps = [(length, True) for length in parts]
+    done = sum(parts)
+    while decode_step and done < n:
+        steps.append((min(decode_step, n - done), False))
+        done += steps[-1][0]
+    for length, is_prefill in steps:
+        e += length
+        meta = prepare_tensor_input([seq(length, e, 0)], is_prefill=is_prefill, block_size=BLOCK,
+                                    compress_ratios=(r,))
+        rows = meta.num_rows[str(r)]
+        out_norm = torch.empty(rows, D, dtype=torch.bfloat16)
+        run_step(fn, x[e - length:e], state, meta, r, p, cache, out_norm)
+        norms.append(out_norm[meta.slot_mapping_store_ca[str(r)] >= 0])
+    return cache, state, torch.cat(norms)
+
+
+# The metadata builder mirrors the engine (ratios 1, 2), so every case here is C2.
+@pytest.mark.parametrize("r,ring", [(2, 2), (2, 7)], ids=lambda v: str(v))
+def test_chunking_invariance(r, ring):
+    """Any cut of a sequence into prefill chunks stores the same bytes and leaves the same ring as
+    the whole-sequence prefill (bitwise), including nc = 0 chunks and chunks longer than the ring."""
+    gen = torch.Generator().manual_seed(3)
+    n = 13
+    p = make_params("fp8_main", gen=gen)
+    x = sequence(n, gen)
+    whole = process([n], x, r, ring, p)
+    for parts in ([1, 12], [3, 1, 1, 8], [2, 2, 9], [5, 3, 5], [1] * 13):
+        got = process(parts, x, r, ring, p, fn=REF if parts == [3, 1, 1, 8] else TWIN)
+        for what, a, b in zip(("cache", "ring", "out_norm"), got, whole):
+            compare_bitwise(f"{what} parts={parts}", a, b).check()
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 6])
+def test_decode_and_verification_match_prefill(step):
+    """Prefill 5 positions, then decode steps of ``step`` tokens (minimum ring r + step - 1): the same
+    cache bytes, ring and norm rows as prefilling everything."""
+    gen = torch.Generator().manual_seed(4)
+    r, n = 2, 19
+    ring = r + step - 1
+    p = make_params("fp4_main", gen=gen)
+    x = sequence(n, gen)
+    whole = process([n], x, r, ring, p, fn=TWIN)
+    got = process([5], x, r, ring, p, fn=REF if step == 3 else TWIN, decode_step=step)
+    for what, a, b in zip(("cache", "ring", "out_norm"), got, whole):
+        compare_bitwise(f"{what} step={step}", a, b).check()
+
+
+def test_batch_equals_separate_calls():
+    """A random request mix in one call == one call per request (cache, ring, out_norm bitwise)."""
+    gen = torch.Generator().manual_seed(5)
+    r, ring = 2, 7
+    mix = []
+    for slot in torch.randperm(12, generator=gen).tolist()[:9]:
+        k = int(torch.randint(0, 40, (1,), generator=gen))
+        q = int(torch.randint(0, k + 1, (1,), generator=gen))
+        mix.append((q, k, slot))
+    case = BatchCase("mix", True, "fp8_main", r, ring, tuple(mix))
+    meta, x, state0, p, cache0 = build_batch(case, gen)
+    state, cache = state0.clone(), cache0.clone()
+    out_norm = torch.empty(meta.num_rows["2"], D, dtype=torch.bfloat16)
+    run_step(TWIN, x, state, meta, r, p, cache, out_norm)
+    sep_state, sep_cache, norms = state0.clone(), cache0.clone(), []
+    first_block = 0
+    for (q, k, slot) in mix:
+        s = seq(q, k, slot, first_block)
+        first_block += len(s.block_table)
+        m = prepare_tensor_input([s], is_prefill=True, block_size=BLOCK, compress_ratios=(r,))
+        tok0 = int(meta.cu_seqlens_q[len(norms)])
+        on = torch.empty(m.num_rows["2"], D, dtype=torch.bfloat16)
+        run_step(TWIN, x[tok0:tok0 + q], sep_state, m, r, p, sep_cache, on)
+        norms.append(on)
+    compare_bitwise("ring", state, sep_state).check()
+    compare_bitwise("cache", cache, sep_cache).check()
+    compare_bitwise("out_norm", out_norm, torch.cat(norms)).check()
+
+
+def test_placeholder_only_batches_write_no_cache_bytes():
+    """Huge inputs in chunks that complete no group: the cache keeps its sentinel bytes, out_norm rows
+    are zero, and only the ring changes."""
+    gen = torch.Generator().manual_seed(6)
+    p = make_params("fp8_main", gen=gen)
+    for prefill, mix in ((True, ((1, 5, 0), (0, 8, 1), (1, 1, 2))), (False, ((1, 5, 0), (1, 1, 2)))):
+        case = BatchCase("ph", prefill, "fp8_main", 2, 7, mix)
+        meta, x, state, p, cache = build_batch(case, gen)
+        x = x * 1e30
+        before, ring_before = cache.clone(), state.clone()
+        out_norm = torch.full((meta.num_rows["2"], D), 3.0, dtype=torch.bfloat16)
+        run_step(REF, x, state, meta, 2, p, cache, out_norm)
+        assert torch.equal(cache, before)
+        compare_bitwise("out_norm", out_norm, torch.zeros_like(out_norm)).check()
+        assert not torch.equal(state, ring_before)
+
+
+# ----------------------------------------------------------------------------------------------
+# error paths: raised before the ring, the cache or out_norm is written
+# ----------------------------------------------------------------------------------------------
+
+ERRORS = {
+    "fmt_fp4_index": ValueError, "fmt_type": TypeError, "ratio_3": ValueError, "ratio_1": ValueError,
+    "ring_too_small_decode": ValueError, "ring_too_small_prefill": ValueError, "dim_mismatch": ValueError,
+    "num_rows_mismatch": ValueError, "positions_shape": ValueError, "slot_shape": ValueError,
+    "out_norm_shape": ValueError, "projected_dtype": TypeError, "weight_shape": ValueError,
+    "slot_beyond_cache": ValueError, "position_beyond_table": ValueError,
+    "cu_compressed_wrong": ValueError, "decode_tokens_not_adjacent": ValueError,
+}
+
+
+def _bad_call(name, fns):
+    gen = torch.Generator().manual_seed(7)
+    decode = name in ("ring_too_small_decode", "decode_tokens_not_adjacent")
+    case = BatchCase("err", not decode, "fp8_main", 2, 6 if name == "ring_too_small_decode" else 7,
+                     ((3, 9, 0), (1, 5, 1)) if not decode else ((6, 9, 0), (1, 5, 1)))
+    meta, x, state, p, cache = build_batch(case, gen, "cpu")
+    rows = meta.num_rows["2"]
+    out_norm = torch.full((rows, D), 3.0, dtype=torch.bfloat16)
+    args = list(prefill_args(x, state, meta, 2, p, cache) if not decode else
+                decode_args(x, state, meta, 2, p, cache))
+    kw = dict(out_norm=out_norm)
+    if not decode:
+        kw["num_rows"] = rows
+    # argument positions: prefill (.., ratio 6, w 7, eps 8, cos 9, sin 10, pos 11, slots 12, cache 13, fmt 14)
+    if name == "fmt_fp4_index":
+        args[14] = FP4_INDEX_KV_FORMAT
+    elif name == "fmt_type":
+        args[14] = "fp8_main"
+    elif name == "ratio_3":
+        args[6] = 3
+    elif name == "ratio_1":
+        args[6] = 1
+    elif name == "ring_too_small_decode":  # 6 tokens of one request need S >= 2 + 6 - 1 = 7
+        pass
+    elif name == "ring_too_small_prefill":
+        args[1] = state[:, :1].contiguous()
+    elif name == "dim_mismatch":
+        args[0] = x[:, :256].contiguous()
+        args[1] = state[..., :128].contiguous()
+    elif name == "num_rows_mismatch":
+        kw["num_rows"] = rows + 1
+    elif name == "positions_shape":
+        args[11] = args[11][:-1]
+    elif name == "slot_shape":
+        args[12] = args[12][None]
+    elif name == "out_norm_shape":
+        kw["out_norm"] = torch.zeros(rows + 1, D, dtype=torch.bfloat16)
+    elif name == "projected_dtype":
+        args[0] = x.double()
+    elif name == "weight_shape":
+        args[7] = p.w[:100]
+    elif name == "slot_beyond_cache":
+        args[12] = args[12].clone()
+        args[12][0] = cache.shape[0] * (BLOCK // 2)
+    elif name == "position_beyond_table":
+        args[11] = args[11].clone()
+        args[11][0] = p.cos.shape[0]
+    elif name == "cu_compressed_wrong":
+        args[5] = torch.tensor([0, 2, 3], dtype=torch.int32)
+    elif name == "decode_tokens_not_adjacent":
+        args[2] = args[2].flip(0).contiguous()
+        args[3] = args[3].flip(0).contiguous()
+    else:
+        raise AssertionError(name)
+    fn = fns[1] if decode else fns[0]
+    return fn, args, kw
+
+
+@pytest.mark.parametrize("name", list(ERRORS))
+@pytest.mark.parametrize("impl", ["ref", "twin"])
+def test_errors_before_any_write(name, impl):
+    if impl == "twin" and name in ("slot_beyond_cache", "position_beyond_table", "cu_compressed_wrong",
+                                   "decode_tokens_not_adjacent"):
+        pytest.skip("value checks (device values) run in the loop reference; the twin skips such rows")
+    fn, args, kw = _bad_call(name, REF if impl == "ref" else TWIN)
+    state, cache, out_norm = args[1], args[13 if fn in (REF[0], TWIN[0]) else 12], kw["out_norm"]
+    before = [t.clone() for t in (state, cache, out_norm)]
+    with pytest.raises(ERRORS[name]):
+        fn(*args, **kw)
+    for t, b in zip((state, cache, out_norm), before):
+        assert torch.equal(t, b)
