@@ -32,7 +32,7 @@ from reference.kv_store import (
     rms_norm_ref,
     ue8m0_scale,
 )
-from tests.conftest import case_id
+from tests.conftest import case_id, requires_cuda
 from tilelang_ops.testing import compare_bitwise
 
 SENTINEL = 0xA5
@@ -541,3 +541,236 @@ def test_errors_before_any_write(name):
     with pytest.raises(ERRORS[name]):
         norm_rope_hadamard_cast_store_ref(**args, **kw)
     assert torch.equal(args["kv_cache"], before)
+
+
+# ------------------------------------------------------------------------------------------------
+# Kernel: sm_90a build check (CPU tier) and kernel vs reference (GPU tier)
+# ------------------------------------------------------------------------------------------------
+
+# (format, rope_dim, interleaved, hadamard, out_norm, rows_per_block, weight, pos, slot dtype)
+BUILD_CONFIGS = [
+    ("fp8_main", 64, True, False, True, 1, "bfloat16", "int64", "int64"),
+    ("fp8_main", 64, False, False, False, 1, "float32", "int32", "int32"),
+    ("fp4_main", 64, True, False, False, 1, "bfloat16", "int32", "int64"),
+    ("fp4_main", 64, False, False, True, 1, "bfloat16", "int64", "int64"),
+    ("fp4_index", 64, True, True, False, 64, "bfloat16", "int64", "int64"),
+    ("fp4_index", 64, False, False, True, 5, "float32", "int32", "int32"),
+    ("bf16", 64, True, False, False, 1, "bfloat16", "int64", "int64"),
+]
+# the vector store each format must use for its payload (read from the generated CUDA)
+STORE_VECTOR = {"fp8_main": "*(uint4*)(cache", "fp4_main": "*(uint2*)(cache", "bf16": "*(uint4*)(cache"}
+
+
+@pytest.mark.parametrize("cfg", BUILD_CONFIGS, ids=lambda c: "_".join(map(str, c[:6])))
+def test_build_sm90(cfg):
+    from tilelang_ops.build import compile_for_sm90
+    from tilelang_ops.kv_store import kv_store_kernel
+
+    src = compile_for_sm90(kv_store_kernel, *cfg).get_kernel_source()
+    fmt = cfg[0]
+    want = STORE_VECTOR.get(fmt, "*(uint2*)(cache" if cfg[5] % 2 == 0 else "*(uint*)(cache")
+    assert want in src, f"{fmt}: expected a vectorized payload store {want!r}"
+    assert "*(uint4*)(kv" in src or "(uint4*)(kv +" in src  # 16-byte row loads
+    assert ("__shfl_xor_sync" in src) and ("__fmul_rn" in src)
+    assert ("out_norm +" in src) == cfg[4]
+
+
+def test_wrapper_rejects_cpu_and_unsupported():
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+
+    case = StoreCase("w", "fp8_main", 4)
+    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(case)
+    with pytest.raises(ValueError, match="CUDA"):
+        norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt)
+    with pytest.raises(TypeError):  # the shared host checks run first
+        norm_rope_hadamard_cast_store(kv.float(), w, 1e-6, cos, sin, pos, slots, cache, fmt)
+
+
+def _ordered_code(codes: torch.Tensor, kind: str) -> torch.Tensor:
+    """Sign-magnitude codes -> integers in value order, so adjacent values differ by one."""
+    c = codes.to(torch.int32)
+    sign, mag = (c >> 7, c & 0x7F) if kind == "e4m3" else (c >> 3, c & 0x7)
+    return torch.where(sign.bool(), -mag, mag)
+
+
+def compare_store(got: torch.Tensor, want: torch.Tensor, fmt: KVCacheFormat, slots: torch.Tensor,
+                  max_frac: float = 1e-3):
+    """Kernel cache vs reference cache. Bytes outside the stored rows: bitwise (sentinels stay).
+    Stored rows: the kernel's FP32 sum of squares runs in another order than torch's, and one FP32
+    ulp of rstd can flip a BF16 rounding, hence a code or (rarely) a group's scale. Allowed: each
+    differing code one step away, each differing scale one step away, at most ``max_frac`` of codes
+    (of scales) differing. BF16 rows: one BF16 ulp, same budget."""
+    from tilelang_ops.testing import bf16_ulp_distance
+
+    got, want = got.cpu(), want.cpu()
+    rpb = fmt.rows_per_block(got.shape[1])
+    stored = slots.cpu().long()
+    stored = stored[stored >= 0]
+    mask = torch.zeros_like(got, dtype=torch.bool)
+    for s in stored.tolist():
+        b, r = divmod(s, rpb)
+        d0, s0 = fmt.data_offset(r, rpb), fmt.scale_offset(r, rpb)
+        mask[b, d0:d0 + fmt.data_bytes] = True
+        mask[b, s0:s0 + fmt.scale_bytes] = True
+    outside = (got != want) & ~mask
+    assert not bool(outside.any()), f"bytes outside stored rows differ at {outside.nonzero()[:5].tolist()}"
+    if stored.numel() == 0:
+        return
+    blk, row = stored // rpb, stored % rpb
+    if fmt.block_sections:
+        d0, s0 = row * fmt.data_bytes, rpb * fmt.data_bytes + row * fmt.scale_bytes
+    else:
+        d0, s0 = row * fmt.row_bytes, row * fmt.row_bytes + fmt.data_bytes
+    take = lambda c, off, n: c[blk[:, None], off[:, None] + torch.arange(n)]  # noqa: E731
+    gd, wd = take(got, d0, fmt.data_bytes), take(want, d0, fmt.data_bytes)
+    if fmt.data_dtype == "bf16":
+        dist = bf16_ulp_distance(gd.view(torch.bfloat16), wd.view(torch.bfloat16))
+        n_bad = int((dist > 0).sum())
+        assert int(dist.max()) <= 1 and n_bad <= max_frac * dist.numel(), n_bad
+        return
+    gs, ws = take(got, s0, fmt.scale_bytes), take(want, s0, fmt.scale_bytes)
+    sdiff = (gs.to(torch.int32) - ws.to(torch.int32)).abs()
+    assert int(sdiff.max()) <= 1 and int((sdiff > 0).sum()) <= max(1, max_frac * sdiff.numel()), \
+        f"{int((sdiff > 0).sum())} scales differ (max {int(sdiff.max())})"
+    if fmt.data_dtype == "e2m1":
+        gd = torch.stack((gd & 0xF, gd >> 4), -1).reshape(len(stored), fmt.dim)
+        wd = torch.stack((wd & 0xF, wd >> 4), -1).reshape(len(stored), fmt.dim)
+    same_scale = (sdiff == 0).repeat_interleave(fmt.group_size, dim=1)
+    cd = (_ordered_code(gd, fmt.data_dtype) - _ordered_code(wd, fmt.data_dtype)).abs()
+    cd = torch.where(same_scale, cd, torch.zeros_like(cd))
+    n_bad = int((cd > 0).sum())
+    assert int(cd.max()) <= 1 and n_bad <= max_frac * cd.numel(), \
+        f"{n_bad}/{cd.numel()} codes differ (max {int(cd.max())}), first {(cd > 0).nonzero()[:5].tolist()}"
+
+
+@dataclass(frozen=True)
+class GpuCase:
+    id: str
+    fmt: str
+    rows: int
+    interleaved: bool = True
+    hadamard: bool = False
+    weight_fp32: bool = False
+    index_dtype: torch.dtype = torch.int64
+    rows_per_block: int = 64
+    out_norm: bool = True
+
+
+GPU_CASES = []
+for _f, _h in (("fp8_main", False), ("fp4_main", False), ("fp4_index", True), ("bf16", False)):
+    for _rows in (1, 5, 64, 1000, 65536, 1 << 20):
+        GPU_CASES.append(GpuCase(f"{_f}_rows{_rows}", _f, _rows, hadamard=_h))
+    GPU_CASES.append(GpuCase(f"{_f}_half_w32_i32", _f, 777, interleaved=False, hadamard=_h, weight_fp32=True,
+                             index_dtype=torch.int32, out_norm=False))
+GPU_CASES += [
+    GpuCase("fp4_index_plain_rows4097", "fp4_index", 4097),
+    GpuCase("fp4_index_hadamard_rpb5", "fp4_index", 333, hadamard=True, rows_per_block=5),
+    GpuCase("fp4_index_half_rpb16", "fp4_index", 100, interleaved=False, rows_per_block=16),
+]
+
+
+def _gpu_inputs(case: GpuCase, slack: int = 3):
+    sc = StoreCase(case.id, case.fmt, case.rows, case.interleaved, case.hadamard, case.weight_fp32,
+                   rows_per_block=case.rows_per_block, index_dtype=case.index_dtype)
+    g = torch.Generator().manual_seed(case.rows)
+    num_blocks = (case.rows * slack) // case.rows_per_block + 2
+    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(sc, "cuda", max_position=4096,
+                                                          num_blocks=num_blocks, gen=g)
+    if case.rows > 2:
+        slots[::17] = -1  # a sprinkling of skipped rows
+    return fmt, kv, w, cos, sin, pos, slots, cache
+
+
+def _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache, out_norm):
+    """Loop-reference-equivalent results: the twin (tested bitwise equal to the loop reference) on
+    CPU for small shapes, on the GPU for large ones."""
+    dev = "cpu" if case.rows <= 4096 else "cuda"
+    t = lambda x: None if x is None else x.to(dev)  # noqa: E731
+    c, on = t(cache), t(out_norm)
+    norm_rope_hadamard_cast_store_torch(t(kv), t(w), 1e-6, t(cos), t(sin), t(pos), t(slots), c, fmt,
+                                        interleaved=case.interleaved, hadamard=case.hadamard, out_norm=on)
+    return c, on
+
+
+@requires_cuda
+@pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
+def test_kernel_vs_reference(case):
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+    from tilelang_ops.testing import bf16_ulp_distance
+
+    fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
+    want_cache = cache.clone()
+    out_norm = None
+    if case.out_norm:
+        out_norm = torch.full((case.rows, fmt.dim), 3.0, dtype=torch.bfloat16, device="cuda")
+    want_cache, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, want_cache,
+                                    None if out_norm is None else out_norm.clone())
+    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, interleaved=case.interleaved,
+                                  hadamard=case.hadamard, out_norm=out_norm)
+    torch.cuda.synchronize()
+    compare_store(cache, want_cache, fmt, slots)
+    if out_norm is not None:
+        # the norm stage: rstd from a differently ordered FP32 sum -> within one BF16 ulp, rarely
+        dist = bf16_ulp_distance(out_norm.cpu(), want_norm.cpu())
+        assert int(dist.max()) <= 1 and int((dist > 0).sum()) <= 1e-3 * dist.numel()
+    # determinism: a second launch into a fresh copy gives the same bytes
+    cache2 = torch.full_like(cache, SENTINEL)
+    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache2, fmt,
+                                  interleaved=case.interleaved, hadamard=case.hadamard)
+    torch.cuda.synchronize()
+    compare_bitwise("determinism", cache2, cache).check()
+
+
+@requires_cuda
+@pytest.mark.parametrize("fmt_name", list(FORMATS))
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
+def test_kernel_exact_inputs_bitwise(fmt_name, interleaved):
+    """|x| = 1 rows, eps = 0, position 0 (cos = 1, sin = 0): every stage is exact, so the kernel must
+    match the loop reference bit for bit (cache and out_norm)."""
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+
+    fmt = FORMATS[fmt_name]
+    rows, rpb = 300, 64
+    kv = torch.where(torch.rand(rows, fmt.dim) < 0.5, -1.0, 1.0).bfloat16()
+    w = (torch.randn(fmt.dim) * torch.exp2(torch.randint(-20, 20, (fmt.dim,)).float())).bfloat16()
+    ang = torch.rand(8, 32) * 6.3
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    cos[0], sin[0] = 1.0, 0.0
+    pos = torch.zeros(rows, dtype=torch.int64)
+    slots = torch.randperm(rows * 2)[:rows]
+    slots[::7] = -1
+    cache = torch.full(((rows * 2) // rpb + 1, fmt.block_bytes(rpb)), SENTINEL, dtype=torch.uint8)
+    hadamard = fmt_name == "fp4_index"
+    want, want_norm = cache.clone(), torch.zeros(rows, fmt.dim, dtype=torch.bfloat16)
+    norm_rope_hadamard_cast_store_ref(kv, w, 0.0, cos, sin, pos, slots, want, fmt, interleaved=interleaved,
+                                      hadamard=hadamard, out_norm=want_norm)
+    got, got_norm = cache.cuda(), torch.zeros(rows, fmt.dim, dtype=torch.bfloat16, device="cuda")
+    norm_rope_hadamard_cast_store(kv.cuda(), w.cuda(), 0.0, cos.cuda(), sin.cuda(), pos.cuda(), slots.cuda(),
+                                  got, fmt, interleaved=interleaved, hadamard=hadamard, out_norm=got_norm)
+    compare_bitwise("kv_cache", got, want).check()
+    compare_bitwise("out_norm", got_norm, want_norm).check()
+
+
+@requires_cuda
+def test_kernel_repeated_calls_and_bad_rows(monkeypatch):
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+
+    case = GpuCase("rep", "fp8_main", 200)
+    fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
+    want = cache.clone()
+    for step in range(3):  # three calls into one cache, disjoint-or-overlapping slot sets
+        s = torch.roll(slots, step * 13)
+        kvs = (kv.float() * (step + 1)).bfloat16()
+        norm_rope_hadamard_cast_store(kvs, w, 1e-6, cos, sin, pos, s, cache, fmt)
+        want, _ = _oracle(case, fmt, kvs, w, cos, sin, pos, s, want, None)
+        compare_store(cache, want, fmt, torch.cat([slots, s]))
+    # bad slot / position: without the debug switch the kernel skips those rows (no write anywhere)
+    monkeypatch.delenv("TILELANG_OPS_DEBUG", raising=False)
+    bad_slots = torch.tensor([cache.shape[0] * case.rows_per_block + 5, -1, 3], device="cuda")
+    bad_pos = torch.tensor([0, 0, 10**7], device="cuda")
+    before = cache.clone()
+    norm_rope_hadamard_cast_store(kv[:3], w, 1e-6, cos, sin, bad_pos, bad_slots, cache, fmt)
+    compare_bitwise("skipped rows leave the cache alone", cache, before).check()
+    monkeypatch.setenv("TILELANG_OPS_DEBUG", "1")
+    with pytest.raises(ValueError):
+        norm_rope_hadamard_cast_store(kv[:3], w, 1e-6, cos, sin, bad_pos, bad_slots, cache, fmt)

@@ -81,6 +81,8 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     lanes_per_group = max(1, group // VEC)
     out_bytes = {"e4m3": VEC, "e2m1": VEC // 2, "bf16": 2 * VEC}[kind]  # bytes per lane
     store_vec = min(16, out_bytes)  # bytes per vector store
+    if fmt.block_sections and (rows_per_block * fmt.row_bytes) % store_vec:
+        store_vec = 4  # e.g. FP4 index blocks of an odd row count are only 4-byte aligned (68 B rows)
     wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte loads
 
     @T.macro
@@ -319,6 +321,11 @@ def norm_rope_hadamard_cast_store(kv, norm_weight, eps, cos, sin, positions, slo
     if why is not None or fmt.name not in _FORMATS or _FORMATS[fmt.name] != fmt:
         raise ValueError(f"norm_rope_hadamard_cast_store kernel: unsupported configuration for "
                          f"{fmt.name}: {why or 'not one of the four cache formats'}")
+    # vector loads/stores assume 16-byte aligned bases (true for any fresh or block-sliced tensor)
+    for name, t in (("kv_cache", kv_cache), ("norm_weight", norm_weight), ("cos", cos), ("sin", sin),
+                    ("out_norm", out_norm)):
+        if t is not None and t.is_contiguous() and t.data_ptr() % 16:
+            raise ValueError(f"{name} must start at a 16-byte aligned address, got {t.data_ptr():#x}")
     if debug_checks_enabled():
         check_store_values(positions, slot_mapping, geom)
     if geom.rows == 0:
@@ -327,5 +334,8 @@ def norm_rope_hadamard_cast_store(kv, norm_weight, eps, cos, sin, positions, slo
               geom.rows_per_block if fmt.block_sections else 1, _TORCH_TO_TL[norm_weight.dtype],
               _TORCH_TO_TL[positions.dtype], _TORCH_TO_TL[slot_mapping.dtype])
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, kv.device)
-    _kernel(*static)(kv.contiguous(), norm_weight.contiguous(), cos.contiguous(), sin.contiguous(),
+    kv = kv.contiguous()
+    if kv.data_ptr() % 16:
+        kv = kv.clone()
+    _kernel(*static)(kv, norm_weight.contiguous(), cos.contiguous(), sin.contiguous(),
                      positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1), norm, float(eps))
