@@ -26,8 +26,8 @@ from reference.compress import (
     compress_ref,
     gated_mean,
 )
-from tests.conftest import case_id
-from tilelang_ops.testing import compare_bitwise
+from tests.conftest import case_id, requires_cuda
+from tilelang_ops.testing import compare_bf16_ulp, compare_bitwise
 
 D_CPU = 64  # small latent width keeps the loop references fast on CPU
 
@@ -538,3 +538,288 @@ def test_decode_argument_errors():
             fn(x, state, ctx, sl, 0, 2)
         with pytest.raises(TypeError, match="state_block_idx must have dtype"):
             fn(x, state, ctx, sl.long(), 1, 2)
+
+
+# ----------------------------------------------------------------------------------------------
+# kernels: sm_90a build check (CPU tier)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("dim,r", [(512, 2), (512, 4), (64, 2), (64, 4)], ids=lambda v: str(v))
+def test_kernels_build_for_sm90(dim, r):
+    from tilelang_ops.build import compile_for_sm90
+    from tilelang_ops.compress import COMPILE_FLAGS, compress_decode_kernel, compress_prefill_kernel
+
+    assert "--fmad=false" in COMPILE_FLAGS  # bitwise FP32 order needs separate multiply and add
+    for factory in (compress_prefill_kernel, compress_decode_kernel):
+        src = compile_for_sm90(factory, dim, r).get_kernel_source()
+        assert "float4" in src, "inputs and ring must move as 16 B vectors"
+        assert "expf(" in src and "__expf" not in src, "accurate expf, not the fast approximation"
+        assert "(int64_t)" in src, "row offsets must be 64-bit (1M tokens x 1024 floats > 2^31)"
+
+
+def test_kernel_wrappers_reject_bad_input_on_cpu():
+    """Host checks run before any launch, also on a CPU-only machine."""
+    from tilelang_ops.compress import compress, compress_decode, compress_prefill
+
+    m = prefill_metadata([(4, 4, 0)], 2)
+    x, state = sequence(4), random_state(1, 7)
+    before = state.clone()
+    with pytest.raises(ValueError, match="CUDA"):
+        compress_prefill(x, state, m.cu_seqlens_q, m.context_lens, m.state_block_idx, m.cu_compressed, 2)
+    ctx, sl = decode_metadata([(4, 0)])
+    with pytest.raises(ValueError, match="needs at least 8"):
+        compress_decode(x[:1], state, ctx, sl, 7, 2)
+    with pytest.raises(ValueError, match="compress_ratio=4"):
+        compress(x, state, SimpleNamespace(), 4, True)
+    compare_bitwise("state untouched", state, before).check()
+
+
+# ----------------------------------------------------------------------------------------------
+# kernels vs references (GPU tier)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuPrefillCase:
+    id: str
+    r: int
+    dim: int
+    ring: int
+    num_reqs: int
+    max_len: int
+    seed: int
+    odd_only: bool = False
+
+
+GPU_PREFILL = [
+    GpuPrefillCase("r2_d512_b1_len1", 2, 512, 7, 1, 1, 0),
+    GpuPrefillCase("r2_d512_b7_len37_ring7", 2, 512, 7, 7, 37, 1),
+    GpuPrefillCase("r2_d512_b9_odd_min_ring", 2, 512, 2, 9, 61, 2, odd_only=True),
+    GpuPrefillCase("r4_d64_b64_len20_min_ring", 4, 64, 4, 64, 20, 3),
+    GpuPrefillCase("r8_d192_b16_len70_ring11", 8, 192, 11, 16, 70, 4),
+    GpuPrefillCase("r2_d512_b4_len8192_min_ring", 2, 512, 2, 4, 8192, 5, odd_only=True),
+    GpuPrefillCase("r2_d512_b16_len4096_ring7", 2, 512, 7, 16, 4096, 6),
+    GpuPrefillCase("r2_d512_b4096_len8", 2, 512, 7, 4096, 8, 7),
+    GpuPrefillCase("r4_d512_b300_len300_ring9", 4, 512, 9, 300, 300, 8),
+]
+# the loop reference is exact but slow: above this many tokens compare against the twin, which
+# is bitwise equal to the loop (CPU tests above)
+LOOP_REF_MAX_TOKENS = 2048
+
+
+def gpu_prefill_batch(case: GpuPrefillCase):
+    g = torch.Generator().manual_seed(case.seed)
+    num_slots = 2 * case.num_reqs + 1
+    slots = torch.randperm(num_slots, generator=g)[:case.num_reqs].tolist()
+    chunks = []
+    for slot in slots:
+        length = int(torch.randint(0, case.max_len + 1, (1,), generator=g))
+        if case.odd_only:
+            length |= 1
+        before = int(torch.randint(0, 4 * case.r + 3, (1,), generator=g))
+        chunks.append((length, before + length, slot))
+    x = sequence(sum(c[0] for c in chunks), case.dim, device="cuda")
+    state = random_state(num_slots, case.ring, case.dim, device="cuda")
+    return chunks, x, state
+
+
+@requires_cuda
+@pytest.mark.parametrize("case", GPU_PREFILL, ids=case_id)
+def test_gpu_prefill_matches_reference(case):
+    from tilelang_ops.compress import compress_prefill
+
+    chunks, x, init = gpu_prefill_batch(case)
+    ref_fn = compress_prefill_ref if x.shape[0] <= LOOP_REF_MAX_TOKENS else compress_prefill_torch
+    st_ref, st = init.clone(), init.clone()
+    kv_ref = run_prefill(ref_fn, x, st_ref, chunks, case.r)
+    m = prefill_metadata(chunks, case.r, "cuda")
+    for num_rows in (m.num_rows, None):
+        st.copy_(init)
+        kv = run_prefill(compress_prefill, x, st, chunks, case.r, num_rows=num_rows)
+        # rows: <= 1 BF16 ulp (expf vs torch exp may differ by one FP32 ulp); ring: bitwise copies
+        compare_bf16_ulp("kv", kv, kv_ref, max_ulp=1).check()
+        compare_bitwise("state", st, st_ref).check()
+    # placeholder rows are exact zeros
+    holes = [i for i, n in enumerate(torch.diff(m.cu_compressed).tolist()) if n == 1 and
+             chunks[i][1] // case.r == (chunks[i][1] - chunks[i][0]) // case.r]
+    rows = m.cu_compressed[holes].long()
+    compare_bitwise("placeholders", kv[rows], torch.zeros_like(kv[rows])).check()
+
+
+@dataclass(frozen=True)
+class GpuDecodeCase:
+    id: str
+    r: int
+    dim: int
+    num_reqs: int
+    max_q: int
+    extra_ring: int
+    seed: int
+
+
+GPU_DECODE = [
+    GpuDecodeCase("r2_d512_b1_q1_min", 2, 512, 1, 1, 0, 10),
+    GpuDecodeCase("r2_d512_b64_q1", 2, 512, 64, 1, 5, 11),
+    GpuDecodeCase("r2_d512_b64_q6_min", 2, 512, 64, 6, 0, 12),
+    GpuDecodeCase("r2_d512_b4096_q6_min", 2, 512, 4096, 6, 0, 13),
+    GpuDecodeCase("r4_d64_b33_q3_ring9", 4, 64, 33, 3, 3, 14),
+    GpuDecodeCase("r8_d192_b17_q5_min", 8, 192, 17, 5, 0, 15),
+    GpuDecodeCase("r2_d512_b4096_q1", 2, 512, 4096, 1, 0, 16),
+]
+
+
+def gpu_decode_batch(case: GpuDecodeCase):
+    g = torch.Generator().manual_seed(case.seed)
+    num_slots = 2 * case.num_reqs + 1
+    slots = torch.randperm(num_slots, generator=g)[:case.num_reqs].tolist()
+    tokens = []
+    for slot in slots:
+        q = int(torch.randint(1, case.max_q + 1, (1,), generator=g))
+        before = int(torch.randint(0, 40, (1,), generator=g))
+        tokens += [(before + i + 1, slot) for i in range(q)]
+    ring = min_ring_size(case.r, case.max_q) + case.extra_ring
+    x = sequence(len(tokens), case.dim, device="cuda")
+    state = random_state(num_slots, ring, case.dim, device="cuda")
+    ctx, sl = decode_metadata(tokens, "cuda")
+    return x, state, ctx, sl
+
+
+@requires_cuda
+@pytest.mark.parametrize("case", GPU_DECODE, ids=case_id)
+def test_gpu_decode_matches_reference(case):
+    from tilelang_ops.compress import compress_decode
+
+    x, init, ctx, sl = gpu_decode_batch(case)
+    ref_fn = compress_decode_ref if x.shape[0] <= LOOP_REF_MAX_TOKENS else compress_decode_torch
+    st_ref, st = init.clone(), init.clone()
+    kv_ref = ref_fn(x, st_ref, ctx, sl, case.max_q, case.r)
+    kv = compress_decode(x, st, ctx, sl, case.max_q, case.r)
+    compare_bf16_ulp("kv", kv, kv_ref, max_ulp=1).check()  # expf vs torch exp: one FP32 ulp
+    compare_bitwise("state", st, st_ref).check()
+    idle = ((ctx - 1) % case.r != case.r - 1).nonzero().flatten()
+    compare_bitwise("non-closing rows", kv[idle], torch.zeros_like(kv[idle])).check()
+
+
+@requires_cuda
+@pytest.mark.parametrize("r", [2, 4])
+def test_gpu_kernel_chunking_and_decode_invariance(r):
+    """Kernel alone: one long prefill == random chunks == prefill + verification steps, bitwise
+    (the same kernel arithmetic on the same inputs, whatever the cut; chunks longer than the ring)."""
+    from tilelang_ops.compress import compress_decode, compress_prefill
+
+    n, dim, step = 3001, 512, 6
+    ring = min_ring_size(r, step)
+    x = sequence(n, dim, device="cuda")
+    init = random_state(1, ring, dim, device="cuda")
+    whole_state = init.clone()
+    whole = process_in_chunks(compress_prefill, x, whole_state, [n], r)
+    g = torch.Generator().manual_seed(r)
+    parts, left = [], n
+    while left:
+        parts.append(min(left, int(torch.randint(1, 700, (1,), generator=g))))
+        left -= parts[-1]
+    state = init.clone()
+    compare_bitwise("chunked rows", process_in_chunks(compress_prefill, x, state, parts, r), whole).check()
+    compare_bitwise("chunked ring", state, whole_state).check()
+    state = init.clone()
+    rows = [process_in_chunks(compress_prefill, x[:2001], state, [2001], r)]
+    p = 2001
+    while p < n:
+        q = min(1 + (p % step), n - p)
+        ctx, sl = decode_metadata([(p + i + 1, 0) for i in range(q)], "cuda")
+        kv = compress_decode(x[p:p + q], state, ctx, sl, step, r)
+        rows.append(kv[[i for i in range(q) if (p + i) % r == r - 1]])
+        p += q
+    compare_bitwise("decode rows", torch.cat(rows), whole).check()
+    compare_bitwise("decode ring", state, whole_state).check()
+
+
+@requires_cuda
+def test_gpu_deterministic():
+    from tilelang_ops.compress import compress_decode, compress_prefill
+
+    case = GPU_PREFILL[6]
+    chunks, x, init = gpu_prefill_batch(case)
+    outs = []
+    for _ in range(2):
+        st = init.clone()
+        outs.append((run_prefill(compress_prefill, x, st, chunks, case.r), st))
+    compare_bitwise("kv", outs[0][0], outs[1][0]).check()
+    compare_bitwise("state", outs[0][1], outs[1][1]).check()
+    dcase = GPU_DECODE[3]
+    x, init, ctx, sl = gpu_decode_batch(dcase)
+    outs = []
+    for _ in range(2):
+        st = init.clone()
+        outs.append((compress_decode(x, st, ctx, sl, dcase.max_q, dcase.r), st))
+    compare_bitwise("decode kv", outs[0][0], outs[1][0]).check()
+    compare_bitwise("decode state", outs[0][1], outs[1][1]).check()
+
+
+@requires_cuda
+def test_gpu_bad_slots_are_skipped_or_raise_under_debug(monkeypatch):
+    from tilelang_ops.compress import compress_decode, compress_prefill
+
+    monkeypatch.delenv("TILELANG_OPS_DEBUG", raising=False)
+    r, dim = 2, 512
+    chunks = [(5, 9, 1), (6, 6, 7), (3, 3, -1)]  # slots 7 and -1 are outside a 2-slot cache
+    x = sequence(14, dim, device="cuda")
+    init = random_state(2, 7, dim, device="cuda")
+    st = init.clone()
+    kv = run_prefill(compress_prefill, x, st, chunks, r)
+    st_ref = init.clone()
+    kv_ref = run_prefill(compress_prefill_ref, x[:5], st_ref, chunks[:1], r)
+    compare_bf16_ulp("valid request", kv[:2], kv_ref, max_ulp=1).check()
+    compare_bitwise("skipped rows", kv[2:], torch.zeros_like(kv[2:])).check()
+    compare_bitwise("state", st, st_ref).check()
+    ctx, sl = decode_metadata([(4, 0), (8, 5), (6, -3)], "cuda")
+    st = init.clone()
+    kv = compress_decode(x[:3], st, ctx, sl, 1, r)
+    compare_bitwise("skipped decode rows", kv[1:], torch.zeros_like(kv[1:])).check()
+    monkeypatch.setenv("TILELANG_OPS_DEBUG", "1")
+    st = init.clone()
+    with pytest.raises(ValueError, match="state_block_idx=7 is outside"):
+        run_prefill(compress_prefill, x, st, chunks, r)
+    with pytest.raises(ValueError, match="state_block_idx=5 is outside"):
+        compress_decode(x[:3], st, ctx, sl, 1, r)
+    compare_bitwise("state untouched", st, init).check()
+
+
+@requires_cuda
+def test_gpu_wrapper_errors_and_dispatch():
+    from tilelang_ops.compress import compress, compress_decode, compress_prefill
+
+    r = 2
+    chunks = [(5, 9, 1), (3, 3, 0)]
+    m = prefill_metadata(chunks, r, "cuda")
+    x = sequence(8, 512, device="cuda")
+    state = random_state(2, 7, 512, device="cuda")
+    before = state.clone()
+    with pytest.raises(ValueError, match="multiple of 64"):
+        compress_prefill(sequence(8, 96, device="cuda"), random_state(2, 7, 96, device="cuda"),
+                         m.cu_seqlens_q, m.context_lens, m.state_block_idx, m.cu_compressed, r)
+    with pytest.raises(ValueError, match="share one device"):
+        compress_prefill(x, state, m.cu_seqlens_q.cpu(), m.context_lens, m.state_block_idx,
+                         m.cu_compressed, r)
+    ctx, sl = decode_metadata([(4, 0), (5, 0)], "cuda")
+    with pytest.raises(ValueError, match="needs at least 8"):
+        compress_decode(x[:2], state, ctx, sl, 7, r)
+    compare_bitwise("state untouched", state, before).check()
+    meta = SimpleNamespace(cu_seqlens_q=m.cu_seqlens_q, context_lens=m.context_lens,
+                           state_block_idx=m.state_block_idx, max_seqlen_q=5,
+                           cu_compressed={"2": m.cu_compressed}, num_compressed={"2": m.num_rows})
+    s1, s2 = state.clone(), state.clone()
+    compare_bf16_ulp("dispatch", compress(x, s1, meta, 2, True),
+                     run_prefill(compress_prefill_ref, x, s2, chunks, r), max_ulp=1).check()
+    compare_bitwise("dispatch ring", s1, s2).check()
+    # a strided projection output is accepted (the wrapper makes it contiguous)
+    wide = sequence(8, 1024, device="cuda")[:, 512:1536]
+    s1, s2 = state.clone(), state.clone()
+    compare_bf16_ulp("strided", run_prefill(compress_prefill, wide, s1, chunks, r),
+                     run_prefill(compress_prefill_ref, wide, s2, chunks, r), max_ulp=1).check()
+    compare_bitwise("strided ring", s1, s2).check()
+    c1 = torch.randn(3, 512, device="cuda").to(torch.bfloat16)
+    assert compress(c1, None, meta, 1, False) is c1
+
