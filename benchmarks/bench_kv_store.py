@@ -1,0 +1,55 @@
+"""norm_rope_hadamard_cast_store: the TileLang kernel vs the vectorized torch twin (eager and
+torch.compile). Bytes = BF16 rows read + cache bytes written (no out_norm in these cases)."""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.harness import Harness, time_graph_us, time_us
+from metadata.cache_format import BF16_KV_FORMAT, FP4_INDEX_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT
+from reference.kv_store import norm_rope_hadamard_cast_store_torch
+
+OP = "kv_store"
+ROWS = (1 << 20, 65536, 64, 1)
+FORMATS = ((FP8_MAIN_KV_FORMAT, False), (FP4_MAIN_KV_FORMAT, False), (FP4_INDEX_KV_FORMAT, True),
+           (BF16_KV_FORMAT, False))
+ROWS_PER_BLOCK = 64
+MAX_POSITION = 8192
+TINY = 64  # at or below this many rows, time CUDA-graph replays (launch-bound)
+
+
+def _inputs(fmt, rows):
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    kv = (torch.randn(rows, fmt.dim, device="cuda", generator=g) * 2).bfloat16()
+    w = (torch.rand(fmt.dim, device="cuda", generator=g) + 0.5).bfloat16()
+    ang = torch.rand(MAX_POSITION, 32, device="cuda", generator=g) * 6.3
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    pos = torch.randint(0, MAX_POSITION, (rows,), device="cuda", generator=g)
+    blocks = -(-rows // ROWS_PER_BLOCK)
+    slots = torch.randperm(blocks * ROWS_PER_BLOCK, device="cuda", generator=g)[:rows]
+    cache = torch.zeros(blocks, fmt.block_bytes(ROWS_PER_BLOCK), dtype=torch.uint8, device="cuda")
+    return kv, w, cos, sin, pos, slots, cache
+
+
+def run(h: Harness) -> None:
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+
+    compiled = torch.compile(norm_rope_hadamard_cast_store_torch, dynamic=False)
+    for fmt, hadamard in FORMATS:
+        for rows in ROWS:
+            kv, w, cos, sin, pos, slots, cache = _inputs(fmt, rows)
+            args = (kv, w, 1e-6, cos, sin, pos, slots, cache, fmt)
+            kw = dict(hadamard=hadamard)
+            timer = time_graph_us if rows <= TINY else time_us
+            us = timer(lambda: norm_rope_hadamard_cast_store(*args, **kw))  # noqa: B023
+            eager_us = timer(lambda: norm_rope_hadamard_cast_store_torch(*args, **kw))  # noqa: B023
+            try:
+                compiled(*args, **kw)  # compile outside the timed region
+                compile_us = timer(lambda: compiled(*args, **kw))  # noqa: B023
+            except Exception as exc:  # guard failures / unsupported ops: report, keep going
+                print(f"torch.compile peer failed ({fmt.name}, {rows}): {type(exc).__name__}: {exc}"[:300])
+                compile_us = None
+            nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
+            h.report(OP, f"{fmt.name}_rows{rows}", nbytes, us, eager_us=eager_us, compile_us=compile_us)
+            del kv, cache
+            torch.cuda.empty_cache()
