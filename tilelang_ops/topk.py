@@ -1,0 +1,522 @@
+"""TileLang kernels for index-score selection (SPEC 1.6): exact top-k, block maxima, candidate restore,
+logical-row -> physical-slot conversion, and the fused scores -> slots path.
+
+Top-k algorithm (one CTA of 1024 threads per row), exact and deterministic:
+
+* Scores map to order-preserving uint32 keys (fp32 bit trick; bf16 widened exactly; -0.0 folded onto
+  +0.0 and every NaN onto 0xFFFFFFFF, so NaN ranks highest as in torch.topk). Same key as
+  `reference.topk.order_key`.
+* Radix select on the key, 11 + 11 + 10 bits: each pass builds a 2048-bin shared histogram of the keys
+  that still match the known threshold prefix, and a block suffix scan finds the bin holding the k-th
+  largest key. It stops early when that bin is taken whole. There is no candidate buffer, so nothing can
+  overflow: a pass re-reads the row (from a shared-memory copy of the keys when the row fits in
+  `cache_cap`, else from global memory / L2).
+* Final ordered pass: a key above the threshold is taken; a key equal to it is taken iff fewer than
+  `need` equal keys precede it (block-wide ordered prefix counts with warp ballots), which gives ties to
+  the lower index. The write position is the ordered count of taken lanes before it, so the output is in
+  **ascending index order** (unsorted and ``sorted_index`` are the same thing here); ``sorted=True``
+  sorts the k lanes afterwards with a stable torch sort on the same key (extra launches).
+* Lanes [min(k, end), k) get the fills; `end` is clamped to [0, n] in the kernel so a bad `end` can
+  never read outside the row (the value check runs under TILELANG_OPS_DEBUG=1).
+"""
+
+
+import tilelang
+import tilelang.language as T
+import torch
+
+from metadata.checks import check_cuda, debug_checks_enabled
+from metadata.topk_args import (
+    check_block_max_args,
+    check_convert_args,
+    check_convert_values,
+    check_end_values,
+    check_restore_args,
+    check_restore_values,
+    check_topk_args,
+    check_topk_to_slots_args,
+)
+
+PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
+
+THREADS = 1024  # one CTA per row
+WARPS = THREADS // 32
+BINS = 2048  # 11-bit radix digit
+# (shift, bits) of the three radix digits, most significant first: 11 + 11 + 10 = 32 bits
+DIGITS = ((21, 11), (10, 11), (0, 10))
+# Rows up to this many entries keep their keys in shared memory between passes (128 KiB of keys).
+MAX_CACHE = 32768
+SMALL_CACHE = 4096  # short rows use a 16 KiB cache so several CTAs fit on an SM
+
+_TORCH_TO_TL = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.int32: "int32",
+                torch.int64: "int64"}
+
+
+@tilelang.jit(pass_configs=PASS_CONFIGS)
+def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: str = "int32",
+                cache_cap: int = 0, with_values: bool = True, with_offset: bool = False,
+                idx_fill: int = -1, val_fill: float = float("-inf"), mode: str = "topk",
+                cand_bs: int = 0, block_c: int = 1):
+    """mode "topk": indices (+ values); mode "slots": indices -> candidate restore (cand_bs > 0) ->
+    physical slots through the block table, all in the epilogue of the ordered pass."""
+    total = T.dynamic("total", "int64")  # flat scores storage: (b - 1) * ld + n elements
+    b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
+    nc, mb = T.dynamic("nc, mb")
+    cache = max(cache_cap, 1)
+    SIGN, ZERO, ABS = T.uint32(0x80000000), T.uint32(0), T.uint32(0x7FFFFFFF)
+    INF_BITS, KEY_MAX = T.uint32(0x7F800000), T.uint32(0xFFFFFFFF)
+
+    @T.prim_func
+    def kernel(
+        scores: T.Tensor((total,), in_dtype),  # [b, n] rows at stride ld, flattened
+        end: T.Tensor((nb_end,), "int32"),  # [b] (or [1] dummy when has_end == 0)
+        offset: T.Tensor((nb_off,), off_dtype),  # [b] (or [1] dummy)
+        cand: T.Tensor((b, nc), "int32"),  # [b, c] candidate blocks (slots mode) or [b, 1] dummy
+        table: T.Tensor((b, mb), "int32"),  # [b, max_blocks] block table (slots mode) or dummy
+        values: T.Tensor((nb_val, kv), in_dtype),  # [b, k] (or [1, 1] dummy)
+        indices: T.Tensor((b, k), idx_dtype),  # [b, k]
+        n: T.int32,
+        ld: T.int64,
+        has_end: T.int32,
+    ):
+        with T.Kernel(b, threads=THREADS) as row:
+            tx = T.get_thread_binding()
+            lane = tx % 32
+            warp = tx // 32
+            s_hist = T.alloc_shared([BINS], "int32")
+            s_scan = T.alloc_shared([2, WARPS], "int32")
+            s_sel = T.alloc_shared([4], "int32")
+            s_keys = T.alloc_shared([cache], "uint32")
+
+            e = T.alloc_var("int32")
+            kk = T.alloc_var("int32")  # lanes still to find among keys matching the prefix
+            done = T.alloc_var("int32")
+            take_all = T.alloc_var("int32")
+            cached = T.alloc_var("int32")
+            pref = T.alloc_var("uint32")
+            shift = T.alloc_var("int32")
+            key = T.alloc_var("uint32")
+            bits = T.alloc_var("uint32")
+            c = T.alloc_var("int32")
+            incl = T.alloc_var("int32")
+            tmp = T.alloc_var("int32")
+            wpre = T.alloc_var("int32")
+            wtot = T.alloc_var("int32")
+            h_hi = T.alloc_var("int32")
+            run_def = T.alloc_var("int32")
+            run_tie = T.alloc_var("int32")
+            pos = T.alloc_var("int32")
+            j = T.alloc_var("int64")
+
+            base = T.Cast("int64", row) * ld
+            e = n
+            if has_end != 0:
+                e = T.max(T.min(end[row], n), 0)  # clamp: a bad end never reads outside the row
+            take_all = T.if_then_else(e <= k, 1, 0)
+            done = take_all
+            kk = k
+            pref = T.uint32(0)
+            shift = 0
+            cached = T.if_then_else(T.And(e <= cache_cap, cache_cap > 0), 1, 0)
+
+            # fills for the lanes beyond the valid count
+            for it in T.serial(T.ceildiv(k, THREADS)):
+                ln = it * THREADS + tx
+                if ln < k and ln >= T.min(e, k):
+                    indices[row, ln] = T.Cast(idx_dtype, idx_fill)
+                    if with_values:
+                        values[row, ln] = T.Cast(in_dtype, val_fill)
+
+            for p, (sh, nbits) in enumerate(DIGITS):
+                if done == 0:
+                    for q in T.serial(BINS // THREADS):
+                        s_hist[q * THREADS + tx] = 0
+                    T.sync_threads()
+                    for it in T.serial(T.ceildiv(e, THREADS)):
+                        i = it * THREADS + tx
+                        if i < e:
+                            if p == 0 or cached == 0:
+                                # order-preserving key: -0.0 -> +0.0, NaN -> max, sign flip
+                                bits = T.reinterpret("uint32", T.Cast("float32", scores[base + i]))
+                                bits = T.if_then_else(bits == SIGN, ZERO, bits)
+                                key = T.if_then_else(bits >= SIGN, ~bits, bits | SIGN)
+                                key = T.if_then_else((bits & ABS) > INF_BITS, KEY_MAX, key)
+                                if p == 0 and cache_cap > 0:
+                                    if cached != 0:
+                                        s_keys[i] = key
+                            else:
+                                key = s_keys[i]
+                            if p == 0 or (key >> (sh + nbits)) == pref:
+                                T.atomic_add(s_hist[T.Cast("int32", (key >> sh) & ((1 << nbits) - 1))], 1)
+                    T.sync_threads()
+                    # thread t owns bins BINS-1-2t (higher) and BINS-2-2t; scan in descending bin order
+                    h_hi = s_hist[BINS - 1 - 2 * tx]
+                    c = h_hi + s_hist[BINS - 2 - 2 * tx]
+                    incl = c
+                    for o in (1, 2, 4, 8, 16):  # warp inclusive scan
+                        tmp = T.shfl_up(incl, o)
+                        incl = incl + T.if_then_else(lane >= o, tmp, 0)
+                    if lane == 31:
+                        s_scan[0, warp] = incl
+                    T.sync_threads()
+                    tmp = T.if_then_else(lane < warp, s_scan[0, lane], 0)
+                    for o in (16, 8, 4, 2, 1):
+                        tmp = tmp + T.shfl_xor(tmp, o)
+                    wpre = tmp + incl - c  # keys in bins above my two bins
+                    if wpre < kk and kk <= wpre + h_hi:
+                        s_sel[0] = BINS - 1 - 2 * tx
+                        s_sel[1] = kk - wpre
+                        s_sel[2] = h_hi
+                    if wpre + h_hi < kk and kk <= wpre + c:
+                        s_sel[0] = BINS - 2 - 2 * tx
+                        s_sel[1] = kk - wpre - h_hi
+                        s_sel[2] = c - h_hi
+                    T.sync_threads()
+                    pref = (pref << nbits) | T.Cast("uint32", s_sel[0])
+                    kk = s_sel[1]
+                    shift = sh
+                    if s_sel[2] == kk:
+                        done = 1  # the threshold bin is taken whole: no need for lower digits
+                    T.sync_threads()  # s_hist / s_sel are rewritten by the next pass
+
+            # ordered pass: take keys above the prefix, and the first kk keys equal to it
+            run_def = 0
+            run_tie = 0
+            for it in T.serial(T.ceildiv(e, THREADS)):
+                i = it * THREADS + tx
+                c = 0
+                if i < e:
+                    if cached != 0:
+                        key = s_keys[i]
+                    else:
+                        bits = T.reinterpret("uint32", T.Cast("float32", scores[base + i]))
+                        bits = T.if_then_else(bits == SIGN, ZERO, bits)
+                        key = T.if_then_else(bits >= SIGN, ~bits, bits | SIGN)
+                        key = T.if_then_else((bits & ABS) > INF_BITS, KEY_MAX, key)
+                    if take_all != 0:
+                        c = 1
+                    elif (key >> shift) > pref:
+                        c = 1
+                    elif (key >> shift) == pref:
+                        c = 1 << 16
+                incl = c  # packed: taken-for-sure count (low 16 bits) + tie count (high bits)
+                for o in (1, 2, 4, 8, 16):  # warp inclusive scan
+                    tmp = T.shfl_up(incl, o)
+                    incl = incl + T.if_then_else(lane >= o, tmp, 0)
+                if lane == 31:
+                    s_scan[it % 2, warp] = incl  # double-buffered: one barrier per tile
+                T.sync_threads()
+                wtot = s_scan[it % 2, lane]
+                tmp = T.if_then_else(lane < warp, wtot, 0)
+                for o in (16, 8, 4, 2, 1):
+                    tmp = tmp + T.shfl_xor(tmp, o)
+                    wtot = wtot + T.shfl_xor(wtot, o)
+                wpre = tmp + incl - c
+                if c != 0:
+                    ties_before = run_tie + (wpre >> 16)
+                    if T.Or(c == 1, ties_before < kk):
+                        pos = run_def + (wpre & 0xFFFF) + T.min(ties_before, kk)
+                        if pos < k:
+                            j = T.Cast("int64", i)
+                            if mode == "slots":
+                                if cand_bs > 0:
+                                    blk = cand[row, T.min(i // cand_bs, nc - 1)]
+                                    j = T.if_then_else(
+                                        T.Or(blk < 0, i // cand_bs >= nc), T.int64(-1),
+                                        T.Cast("int64", blk) * cand_bs + i % cand_bs)
+                                if j >= 0:
+                                    tb = table[row, T.Cast("int32", T.min(j // block_c, mb - 1))]
+                                    j = T.if_then_else(
+                                        T.Or(tb < 0, j // block_c >= mb), T.int64(-1),
+                                        T.Cast("int64", tb) * block_c + j % block_c)
+                            elif with_offset:
+                                j = j + T.Cast("int64", offset[row])
+                            indices[row, pos] = T.Cast(idx_dtype, j)
+                            if with_values:
+                                values[row, pos] = scores[base + i]
+                run_def = run_def + (wtot & 0xFFFF)
+                run_tie = run_tie + (wtot >> 16)
+
+    return kernel
+
+
+_DUMMY = {}
+
+
+def _dummy(device, dtype, shape=(1,)):
+    key = (device, dtype, shape)
+    if key not in _DUMMY:
+        _DUMMY[key] = torch.zeros(shape, dtype=dtype, device=device)
+    return _DUMMY[key]
+
+
+def _flat_scores(scores):
+    """The [b, n] rows (unit column stride, any row stride) as one flat view + the row stride."""
+    b, n = scores.shape
+    ld = scores.stride(0) if b > 1 else n
+    if n > 1 and scores.stride(1) != 1:
+        raise ValueError(f"scores must have unit column stride, got {scores.stride()}")
+    numel = (b - 1) * ld + n if b > 0 else 0
+    flat = scores.as_strided((max(numel, 1),), (1,)) if numel > 0 else scores.new_zeros(1)
+    return flat, ld
+
+
+def _cache_cap(n: int) -> int:
+    """Shared key cache size for rows of n entries: three tiers, so few kernel variants compile."""
+    if n > MAX_CACHE:
+        return 0
+    return SMALL_CACHE if n <= SMALL_CACHE else MAX_CACHE
+
+
+def topk(scores, k, *, end=None, sorted=False, sorted_index=False, indices_type=torch.int32,
+         idx_oob_fill_value=-1, value_oob_fill_value=float("-inf"), output_idx_offset=None,
+         return_value=True):
+    """Per row: the min(k, end) best of scores[row, :end] (NaN highest, ties to lower index).
+
+    scores: [b, n] fp32/bf16 (unit column stride); end: [b] int32; output_idx_offset: [b] int32/int64.
+    Returns (values [b, k] or None, indices [b, k] indices_type); unsorted output is ascending index.
+    """
+    b, n = check_topk_args(scores, k, end, sorted=sorted, sorted_index=sorted_index,
+                           indices_type=indices_type, output_idx_offset=output_idx_offset,
+                           return_value=return_value)
+    dev = check_cuda(scores=scores, end=end, output_idx_offset=output_idx_offset)
+    if debug_checks_enabled():
+        check_end_values(end, n)
+    need_values = return_value or sorted
+    values = torch.empty((b, k), dtype=scores.dtype, device=dev) if need_values else None
+    indices = torch.empty((b, k), dtype=indices_type, device=dev)
+    if b == 0:
+        return (values if return_value else None), indices
+    flat, ld = _flat_scores(scores)
+    off_dtype = output_idx_offset.dtype if output_idx_offset is not None else torch.int32
+    kern = topk_kernel(_TORCH_TO_TL[scores.dtype], _TORCH_TO_TL[indices_type], _TORCH_TO_TL[off_dtype],
+                       _cache_cap(n), need_values, output_idx_offset is not None, int(idx_oob_fill_value),
+                       float(value_oob_fill_value), "topk", 0, 1)
+    kern(flat, end if end is not None else _dummy(dev, torch.int32),
+         output_idx_offset if output_idx_offset is not None else _dummy(dev, off_dtype),
+         _dummy(dev, torch.int32, (b, 1)), _dummy(dev, torch.int32, (b, 1)),
+         values if need_values else _dummy(dev, scores.dtype, (1, 1)), indices,
+         n, ld, int(end is not None))
+    if sorted:
+        values, indices = _sort_by_value(values, indices, end, n, k)
+    return (values if return_value else None), indices
+
+
+def _sort_by_value(values, indices, end, n, k):
+    """Stable descending sort of the (ascending-index) k lanes on the order key: ties keep the lower
+    index first, fills (beyond the valid count) stay last."""
+    from reference.topk import order_key
+
+    b = values.shape[0]
+    ends = torch.full((b,), n, device=values.device) if end is None else end.long().clamp(0, n)
+    valid = torch.arange(k, device=values.device)[None, :] < ends.clamp(max=k)[:, None]
+    key = torch.where(valid, order_key(values), torch.full_like(indices, -1, dtype=torch.int64))
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices
+    return values.gather(1, order), indices.gather(1, order)
+
+
+def topk_to_slots(scores, k, *, end=None, candidate_blocks=None, candidate_block_size=None,
+                  block_size_c, block_tables):
+    """One launch: topk indices (ascending local index) -> candidate restore (optional) -> slots,
+    slot(j) = block_tables[r, j // Bc] * Bc + j % Bc; lanes beyond min(k, end) are -1.
+
+    scores: [b, n] fp32/bf16 (compact candidate rows when candidate_blocks is given); end: [b] int32;
+    candidate_blocks: [b, c] int32; block_tables: [b, max_blocks] int32. Returns slots [b, k] int32.
+    A row or block the table cannot resolve gives -1 (TILELANG_OPS_DEBUG=1 raises instead).
+    """
+    b, n = check_topk_to_slots_args(scores, k, end, candidate_blocks, candidate_block_size,
+                                    block_size_c, block_tables)
+    dev = check_cuda(scores=scores, end=end, candidate_blocks=candidate_blocks, block_tables=block_tables)
+    if debug_checks_enabled():
+        from reference.topk import topk_to_slots_ref
+
+        # the reference runs every value check (end range, candidate range, table range)
+        topk_to_slots_ref(scores, k, end=end, candidate_blocks=candidate_blocks,
+                          candidate_block_size=candidate_block_size, block_size_c=block_size_c,
+                          block_tables=block_tables)
+    slots = torch.empty((b, k), dtype=torch.int32, device=dev)
+    if b == 0:
+        return slots
+    flat, ld = _flat_scores(scores)
+    cand_bs = candidate_block_size or 0
+    kern = topk_kernel(_TORCH_TO_TL[scores.dtype], "int32", "int32", _cache_cap(n), False, False, -1,
+                       float("-inf"), "slots", cand_bs, block_size_c)
+    cand = candidate_blocks if candidate_blocks is not None else _dummy(dev, torch.int32, (b, 1))
+    kern(flat, end if end is not None else _dummy(dev, torch.int32), _dummy(dev, torch.int32), cand,
+         block_tables, _dummy(dev, scores.dtype, (1, 1)), slots, n, ld, int(end is not None))
+    return slots
+
+
+ELEM_THREADS = 256
+
+
+@tilelang.jit
+def block_max_kernel(block_size: int, in_dtype: str = "float32"):
+    """out[r, j] = max over valid entries of block j (first NaN wins; -inf when none)."""
+    b, total, nblk, nb_end = T.dynamic("b, total, nblk, nb_end")
+    NEG_INF = -T.infinity("float32")
+
+    @T.prim_func
+    def kernel(
+        scores: T.Tensor((total,), in_dtype),  # [b, n] rows at stride ld, flattened
+        end: T.Tensor((nb_end,), "int32"),  # [b] (or [1] dummy when has_end == 0)
+        out: T.Tensor((b, nblk), in_dtype),  # [b, ceil(n / block_size)]
+        n: T.int32,
+        ld: T.int32,
+        has_end: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(nblk, ELEM_THREADS), b, threads=ELEM_THREADS) as (bx, row):
+            tx = T.get_thread_binding()
+            e = T.alloc_var("int32")
+            best = T.alloc_var("float32")
+            v = T.alloc_var("float32")
+            is_nan = T.alloc_var("int32")
+            blk = bx * ELEM_THREADS + tx
+            e = n
+            if has_end != 0:
+                e = T.max(T.min(end[row], n), 0)
+            best = NEG_INF
+            is_nan = 0
+            if blk < nblk:
+                for q in T.serial(block_size):
+                    i = blk * block_size + q
+                    if T.And(i < e, is_nan == 0):
+                        v = T.Cast("float32", scores[row * ld + i])
+                        if (T.reinterpret("uint32", v) & T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000):
+                            best = v  # NaN wins; keep its bits
+                            is_nan = 1
+                        elif v > best:
+                            best = v
+                out[row, blk] = T.Cast(in_dtype, best)
+
+    return kernel
+
+
+def block_max_scores(scores, block_size, end=None):
+    """out[r, j] = max(scores[r, i] for i in block j, i < end[r]); -inf if none; NaN if any is NaN.
+
+    scores: [b, n] fp32/bf16; end: [b] int32 or None. Returns [b, ceil(n / block_size)] scores.dtype.
+    """
+    b, n = check_block_max_args(scores, block_size, end)
+    dev = check_cuda(scores=scores, end=end)
+    if debug_checks_enabled():
+        check_end_values(end, n)
+    nblk = (n + block_size - 1) // block_size
+    out = torch.empty((b, nblk), dtype=scores.dtype, device=dev)
+    if b == 0 or nblk == 0:
+        return out
+    flat, ld = _flat_scores(scores)
+    if flat.numel() >= 2**31:
+        raise ValueError(f"block_max_scores supports < 2^31 score elements, got {flat.numel()}")
+    block_max_kernel(block_size, _TORCH_TO_TL[scores.dtype])(
+        flat, end if end is not None else _dummy(dev, torch.int32), out, n, ld, int(end is not None))
+    return out
+
+
+@tilelang.jit
+def restore_kernel(block_size: int):
+    """In place: i -> blocks[r, i // bs] * bs + i % bs; -1 (or an unresolvable lane) -> -1."""
+    b, k, c = T.dynamic("b, k, c")
+
+    @T.prim_func
+    def kernel(
+        index: T.Tensor((b, k), "int32"),  # [b, k] compact offsets, rewritten in place
+        blocks: T.Tensor((b, c), "int32"),  # [b, c] candidate block ids
+    ):
+        with T.Kernel(T.ceildiv(k, ELEM_THREADS), b, threads=ELEM_THREADS) as (bx, row):
+            tx = T.get_thread_binding()
+            lane = bx * ELEM_THREADS + tx
+            i = T.alloc_var("int32")
+            blk = T.alloc_var("int32")
+            if lane < k:
+                i = index[row, lane]
+                if i >= 0:
+                    blk = -1
+                    if i // block_size < c:
+                        blk = blocks[row, i // block_size]
+                    index[row, lane] = T.if_then_else(blk < 0, -1, blk * block_size + i % block_size)
+                else:
+                    index[row, lane] = -1
+
+    return kernel
+
+
+def restore_candidate_indices_(index, candidate_blocks, block_size):
+    """In place: local i -> candidate_blocks[r, i // bs] * bs + i % bs; -1 stays -1 (and a lane
+    beyond the candidates or in a negative block becomes -1). index: [b, k] int32;
+    candidate_blocks: [b, c] int32. Returns index."""
+    b, k, _ = check_restore_args(index, candidate_blocks, block_size)
+    check_cuda(index=index, candidate_blocks=candidate_blocks)
+    if debug_checks_enabled():
+        check_restore_values(index, candidate_blocks, block_size)
+    if b and k:
+        restore_kernel(block_size)(index, candidate_blocks)
+    return index
+
+
+@tilelang.jit
+def convert_kernel(block_size_c: int):
+    """In place: slot(j) = table[r, j // Bc] * Bc + j % Bc for lanes < valid_len holding j >= 0."""
+    b, L, k, mb = T.dynamic("b, L, k, mb")
+
+    @T.prim_func
+    def kernel(
+        index: T.Tensor((b, L, k), "int32"),  # [b, L, k] logical rows, rewritten in place
+        valid_lens: T.Tensor((b, L), "int32"),  # [b, L]
+        table: T.Tensor((b, mb), "int32"),  # [b, max_blocks]
+    ):
+        with T.Kernel(T.ceildiv(k, ELEM_THREADS), L, b, threads=ELEM_THREADS) as (bx, t, row):
+            tx = T.get_thread_binding()
+            lane = bx * ELEM_THREADS + tx
+            j = T.alloc_var("int32")
+            tb = T.alloc_var("int32")
+            if lane < k:
+                j = index[row, t, lane]
+                tb = -1
+                if T.And(T.And(lane < valid_lens[row, t], j >= 0), j // block_size_c < mb):
+                    tb = table[row, j // block_size_c]
+                index[row, t, lane] = T.if_then_else(tb < 0, -1, tb * block_size_c + j % block_size_c)
+
+    return kernel
+
+
+def convert_kv_index_(index, block_size_c, valid_lens, block_tables):
+    """In place: slot(j) = block_tables[r, j // Bc] * Bc + j % Bc for lanes < valid_lens[r, t] holding
+    j >= 0; every other lane becomes -1. index: [b, L, k] int32; valid_lens: [b, L] int32;
+    block_tables: [b, max_blocks] int32. Returns index."""
+    b, L, k, _ = check_convert_args(index, block_size_c, valid_lens, block_tables)
+    check_cuda(index=index, valid_lens=valid_lens, block_tables=block_tables)
+    if debug_checks_enabled():
+        check_convert_values(index, block_size_c, valid_lens, block_tables)
+    if b and L and k:
+        convert_kernel(block_size_c)(index, valid_lens, block_tables)
+    return index
+
+
+def build_all() -> list[str]:
+    """Compile every kernel for sm_90a at several static configurations (CPU build check)."""
+    from tilelang_ops.build import compile_for_sm90
+
+    configs = [
+        ("topk fp32 uncached", topk_kernel, ("float32", "int32", "int32", 0, True, False, -1,
+                                                   float("-inf"), "topk", 0, 1)),
+        ("topk fp32 cache32768", topk_kernel, ("float32", "int32", "int32", 32768, True, False, -1,
+                                                   float("-inf"), "topk", 0, 1)),
+        ("topk bf16 int64+offset cache4096", topk_kernel, ("bfloat16", "int64", "int64", 4096, True, True, -1,
+                                                    float("-inf"), "topk", 0, 1)),
+        ("topk fp32 indices-only fills", topk_kernel, ("float32", "int32", "int32", 32768, False,
+                                                           False, -5, 0.0, "topk", 0, 1)),
+        ("topk_to_slots fp32 cand16 Bc64", topk_kernel, ("float32", "int32", "int32", 0, False,
+                                                          False, -1, float("-inf"), "slots", 16, 64)),
+        ("topk_to_slots bf16 Bc64 cache4096", topk_kernel, ("bfloat16", "int32", "int32", 4096, False,
+                                                       False, -1, float("-inf"), "slots", 0, 64)),
+        ("block_max bs16 fp32", block_max_kernel, (16, "float32")),
+        ("block_max bs8 bf16", block_max_kernel, (8, "bfloat16")),
+        ("restore bs16", restore_kernel, (16,)),
+        ("convert Bc64", convert_kernel, (64,)),
+    ]
+    built = []
+    for name, factory, args in configs:
+        compile_for_sm90(factory, *args)
+        built.append(name)
+    return built
