@@ -1,0 +1,103 @@
+"""compress benchmarks: kernel vs the vectorized torch twin (eager and torch.compile).
+
+Bytes = reads of projected_kv and of the ring entries a group takes from it + writes of the BF16
+rows and of the ring entries (SPEC 1.4), computed from the case's metadata on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.harness import time_graph_us, time_us
+from reference.compress import compress_decode_torch, compress_prefill_torch
+from tilelang_ops.compress import compress_decode, compress_prefill
+
+OP = "compress"
+DIM, RATIO, RING = 512, 2, 7  # C2 with the default ring (5 draft tokens + 1)
+CHUNK = 4096
+PREFILL_CASES = {"tokens65536": 16, "tokens1048576": 256}  # requests of CHUNK tokens each
+DECODE_CASES = [(b, q) for q in (1, 6) for b in (1, 64, 512, 4096)]
+
+
+def _prefill_inputs(num_reqs):
+    i32 = dict(dtype=torch.int32, device="cuda")
+    # chunks start at an odd position, so every request's first group reads one ring entry
+    starts = [2 * CHUNK + 1 + 2 * i for i in range(num_reqs)]
+    ends = [s + CHUNK for s in starts]
+    rows = [e // RATIO - s // RATIO for s, e in zip(starts, ends, strict=True)]
+    cu_c = [0]
+    for n in rows:
+        cu_c.append(cu_c[-1] + max(1, n))
+    x = torch.randn(num_reqs * CHUNK, 2 * DIM, device="cuda")
+    state = torch.randn(num_reqs, RING, 2, DIM, device="cuda")
+    meta = (torch.arange(0, num_reqs * CHUNK + 1, CHUNK, **i32), torch.tensor(ends, **i32),
+            torch.arange(num_reqs, **i32), torch.tensor(cu_c, **i32))
+    ring_reads = sum(s % RATIO for s in starts)
+    ring_writes = num_reqs * min(CHUNK, RING)
+    row_bytes_in = 2 * DIM * 4
+    nbytes = (x.shape[0] + ring_reads + ring_writes) * row_bytes_in + cu_c[-1] * DIM * 2
+    return x, state, meta, cu_c[-1], nbytes
+
+
+def _decode_inputs(batch, q):
+    i32 = dict(dtype=torch.int32, device="cuda")
+    before = [100 + 3 * b for b in range(batch)]  # mixed parities: different tokens close groups
+    ctx = [c + i + 1 for c in before for i in range(q)]
+    slots = [b for b in range(batch) for _ in range(q)]
+    x = torch.randn(batch * q, 2 * DIM, device="cuda")
+    state = torch.randn(batch, RING, 2, DIM, device="cuda")
+    # ring reads: group positions of closing tokens that are not in this step
+    ring_reads = 0
+    for c in before:
+        for i in range(q):
+            p = c + i
+            if p % RATIO == RATIO - 1:
+                ring_reads += sum(1 for t in range(p - RATIO + 1, p + 1) if t < c)
+    nbytes = (2 * x.shape[0] + ring_reads) * 2 * DIM * 4 + x.shape[0] * DIM * 2
+    return x, state, torch.tensor(ctx, **i32), torch.tensor(slots, **i32), nbytes
+
+
+def _compiled(fn):
+    try:
+        return torch.compile(fn, dynamic=False)
+    except Exception as exc:  # noqa: BLE001 - a peer that cannot compile is reported, not fatal
+        print(f"torch.compile unavailable: {exc}")
+        return None
+
+
+def _peer_us(fn, timer):
+    if fn is None:
+        return None
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return timer(fn)
+    except Exception as exc:  # noqa: BLE001
+        print(f"peer failed: {type(exc).__name__}: {str(exc)[:200]}")
+        return None
+
+
+def run(h) -> None:
+    compiled_prefill = _compiled(compress_prefill_torch)
+    for case, num_reqs in PREFILL_CASES.items():
+        x, state, meta, rows, nbytes = _prefill_inputs(num_reqs)
+        args = (x, state, *meta, RATIO)
+        us = time_us(lambda: compress_prefill(*args, num_rows=rows))  # noqa: B023
+        eager = _peer_us(lambda: compress_prefill_torch(*args, num_rows=rows), time_us)  # noqa: B023
+        comp = None
+        if compiled_prefill is not None:
+            comp = _peer_us(lambda: compiled_prefill(*args, num_rows=rows), time_us)  # noqa: B023
+        h.report(OP, f"prefill_{case}", nbytes, us, eager_us=eager, compile_us=comp)
+        del x, state, args
+        torch.cuda.empty_cache()
+
+    compiled_decode = _compiled(compress_decode_torch)
+    for batch, q in DECODE_CASES:
+        x, state, ctx, slots, nbytes = _decode_inputs(batch, q)
+        args = (x, state, ctx, slots, q, RATIO)
+        us = time_graph_us(lambda: compress_decode(*args))  # noqa: B023
+        eager = _peer_us(lambda: compress_decode_torch(*args), time_graph_us)  # noqa: B023
+        comp = None
+        if compiled_decode is not None:
+            comp = _peer_us(lambda: compiled_decode(*args), time_graph_us)  # noqa: B023
+        h.report(OP, f"decode_b{batch}q{q}", nbytes, us, eager_us=eager, compile_us=comp)
