@@ -576,6 +576,17 @@ def test_build_sm90(cfg):
     assert ("out_norm +" in src) == cfg[4]
 
 
+def test_kernel_supports():
+    from tilelang_ops.kv_store import kernel_supports
+
+    for fmt in FORMATS.values():
+        for interleaved in (True, False):
+            assert kernel_supports(fmt, 64, interleaved) is None
+    assert kernel_supports(FP8_MAIN_KV_FORMAT, 8, True) is not None  # not a multiple of 16
+    assert kernel_supports(FP8_MAIN_KV_FORMAT, 48, False) is not None  # half-split partner lanes
+    assert kernel_supports(KVCacheFormat("x", 384, "e4m3", "ue8m0", 32), 64, True) is not None
+
+
 def test_wrapper_rejects_cpu_and_unsupported():
     from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
 
@@ -621,6 +632,14 @@ def test_compare_store_can_fail():
         compare_store(bad, cache, fmt, slots)
 
 
+GPU = "cuda"  # the GPU-tier tests' device (a dry run of their plumbing can point it at "cpu")
+
+
+def _sync():
+    if GPU == "cuda":
+        torch.cuda.synchronize()
+
+
 @dataclass(frozen=True)
 class GpuCase:
     id: str
@@ -652,7 +671,7 @@ def _gpu_inputs(case: GpuCase, slack: int = 3):
                    rows_per_block=case.rows_per_block, index_dtype=case.index_dtype)
     g = torch.Generator().manual_seed(case.rows)
     num_blocks = (case.rows * slack) // case.rows_per_block + 2
-    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(sc, "cuda", max_position=4096,
+    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(sc, GPU, max_position=4096,
                                                           num_blocks=num_blocks, gen=g)
     if case.rows > 2:
         slots[::17] = -1  # a sprinkling of skipped rows
@@ -662,7 +681,7 @@ def _gpu_inputs(case: GpuCase, slack: int = 3):
 def _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache, out_norm):
     """Loop-reference-equivalent results: the twin (tested bitwise equal to the loop reference) on
     CPU for small shapes, on the GPU for large ones."""
-    dev = "cpu" if case.rows <= 4096 else "cuda"
+    dev = "cpu" if case.rows <= 4096 else GPU
     t = lambda x: None if x is None else x.to(dev)  # noqa: E731
     c, on = t(cache), t(out_norm)
     norm_rope_hadamard_cast_store_torch(t(kv), t(w), 1e-6, t(cos), t(sin), t(pos), t(slots), c, fmt,
@@ -679,12 +698,12 @@ def test_kernel_vs_reference(case):
     want_cache = cache.clone()
     out_norm = None
     if case.out_norm:
-        out_norm = torch.full((case.rows, fmt.dim), 3.0, dtype=torch.bfloat16, device="cuda")
+        out_norm = torch.full((case.rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
     want_cache, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, want_cache,
                                     None if out_norm is None else out_norm.clone())
     norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, interleaved=case.interleaved,
                                   hadamard=case.hadamard, out_norm=out_norm)
-    torch.cuda.synchronize()
+    _sync()
     compare_store(cache, want_cache, fmt, slots)
     if out_norm is not None:
         # the norm stage: rstd from a differently ordered FP32 sum -> within one BF16 ulp, rarely
@@ -693,7 +712,7 @@ def test_kernel_vs_reference(case):
     cache2 = torch.full_like(cache, SENTINEL)
     norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache2, fmt,
                                   interleaved=case.interleaved, hadamard=case.hadamard)
-    torch.cuda.synchronize()
+    _sync()
     compare_bitwise("determinism", cache2, cache).check()
 
 
@@ -720,9 +739,10 @@ def test_kernel_exact_inputs_bitwise(fmt_name, interleaved):
     want, want_norm = cache.clone(), torch.zeros(rows, fmt.dim, dtype=torch.bfloat16)
     norm_rope_hadamard_cast_store_ref(kv, w, 0.0, cos, sin, pos, slots, want, fmt, interleaved=interleaved,
                                       hadamard=hadamard, out_norm=want_norm)
-    got, got_norm = cache.cuda(), torch.zeros(rows, fmt.dim, dtype=torch.bfloat16, device="cuda")
-    norm_rope_hadamard_cast_store(kv.cuda(), w.cuda(), 0.0, cos.cuda(), sin.cuda(), pos.cuda(), slots.cuda(),
-                                  got, fmt, interleaved=interleaved, hadamard=hadamard, out_norm=got_norm)
+    got, got_norm = cache.to(GPU), torch.zeros(rows, fmt.dim, dtype=torch.bfloat16, device=GPU)
+    dev = [t.to(GPU) for t in (kv, w, cos, sin, pos, slots)]
+    norm_rope_hadamard_cast_store(dev[0], dev[1], 0.0, *dev[2:], got, fmt, interleaved=interleaved,
+                                  hadamard=hadamard, out_norm=got_norm)
     compare_bitwise("kv_cache", got, want).check()
     compare_bitwise("out_norm", got_norm, want_norm).check()
 
@@ -742,8 +762,8 @@ def test_kernel_repeated_calls_and_bad_rows(monkeypatch):
         compare_store(cache, want, fmt, torch.cat([slots, s]))
     # bad slot / position: without the debug switch the kernel skips those rows (no write anywhere)
     monkeypatch.delenv("TILELANG_OPS_DEBUG", raising=False)
-    bad_slots = torch.tensor([cache.shape[0] * case.rows_per_block + 5, -1, 3], device="cuda")
-    bad_pos = torch.tensor([0, 0, 10**7], device="cuda")
+    bad_slots = torch.tensor([cache.shape[0] * case.rows_per_block + 5, -1, 3], device=GPU)
+    bad_pos = torch.tensor([0, 0, 10**7], device=GPU)
     before = cache.clone()
     norm_rope_hadamard_cast_store(kv[:3], w, 1e-6, cos, sin, bad_pos, bad_slots, cache, fmt)
     compare_bitwise("skipped rows leave the cache alone", cache, before).check()
