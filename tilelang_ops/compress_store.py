@@ -1,0 +1,410 @@
+"""TileLang kernel: fused compress -> RMSNorm -> RoPE -> cast -> paged-cache store (SPEC 1.5 main branch).
+
+One launch per call goes from the projected inputs to cache rows: the gated mean of a group (FP32)
+is rounded to BF16 and stays in registers, then ``tilelang_ops.kv_store.make_row_store`` (the store
+kernel's own per-row ``@T.macro``, imported, not copied) normalizes, rotates, casts and stores it. The
+compressed row never travels through global memory; the ring is updated in the same launch.
+
+Work split: one warp per compressed row, lane ``l`` holding channels ``16 l .. 16 l + 15`` (the store
+macro's layout), 4 warps per CTA. Prefill warps take ``PREFILL_ROWS_PER_WARP`` consecutive rows; a
+warp finds its first row's request with a 32-ary search over ``cu_compressed`` (each step one load per
+lane and a warp sum, ``ceil(log32(num_reqs))`` steps) and then steps forward row by row (every request
+owns at least one row). Decode has one row per query token.
+
+Ring ordering (same guarantees as the compress kernel, SPEC 1.2-1.3):
+* prefill: only a request's first row can read the ring (the group that began before the chunk). The
+  warp computing that row writes the request's newest ``min(len, S)`` inputs to the ring right after
+  reading, each lane writing exactly the channels it read, so program order alone puts every old
+  read before the chunk's writes, whatever the block schedule and however long the chunk.
+* decode: a group's in-step inputs are read from ``projected_kv`` (the neighbouring tokens of the
+  same request: same slot, consecutive context lengths), older ones from the ring. The capacity rule
+  ``S >= r + max_seqlen_q - 1`` (checked on the host) means no write of the step lands on an entry a
+  group still reads, so all tokens' inputs are visible regardless of block order.
+
+Arithmetic: the gated mean follows ``reference.compress`` operation by operation (max, ``expf`` of
+the difference, ascending sums, separate IEEE multiply and add, IEEE division, one BF16 RNE cast),
+so a row is bitwise the row of ``compress_*_torch`` on the GPU; the store arithmetic is the store
+kernel's (its docstring lists the one documented difference: the RMS sum-of-squares order).
+
+Metadata that is out of range (slots, tokens, requests) makes a row skip (no store, no out_norm, no
+ring write); it never reads or writes outside the tensors. Nothing is returned (see
+``reference.compress_store``).
+"""
+
+
+import functools
+
+import tilelang
+import tilelang.language as T
+
+from metadata.cache_format import BF16_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT
+from metadata.checks import check_cuda, debug_checks_enabled
+from metadata.compress_store_args import (
+    MAIN_BRANCH_FORMATS,
+    check_compress_store_decode_args,
+    check_compress_store_decode_values,
+    check_compress_store_prefill_args,
+    check_compress_store_prefill_values,
+)
+from tilelang_ops.kv_store import _TORCH_TO_TL, VEC, _dummy_norm, kernel_supports, make_row_store
+
+WARP = 32
+WARPS = 4  # warps (rows in flight) per CTA
+THREADS = WARPS * WARP
+PREFILL_ROWS_PER_WARP = 4  # amortizes the request search over a few rows
+F4 = 4  # FP32 elements per 16-byte vector access
+
+_FORMATS = {f.name: f for f in MAIN_BRANCH_FORMATS}
+
+# (format, ratio) pairs the build check compiles (rope 64, interleaved, BF16 weight, out_norm, int32 ids)
+BUILD_SHAPES = [(f.name, 2) for f in (FP8_MAIN_KV_FORMAT, FP4_MAIN_KV_FORMAT, BF16_KV_FORMAT)]
+
+
+def _expf(x):
+    # The CUDA math library's expf (what torch's exp and the compress kernel's T.exp call on the GPU),
+    # never the __expf approximation.
+    return T.call_extern("float32", "expf", x)
+
+
+def make_gated_mean(r: int):
+    """``@T.macro``: x[16] = float(bf16(sum_t softmax_t(s_t) * v_t)) for this lane's 16 channels.
+
+    ``sc``/``lt`` local FP32 [r, 16]: score and latent of the r positions in ascending order.
+    Operation order of ``reference.compress.gated_mean``.
+    """
+
+    @T.macro
+    def gated_mean(sc, lt, x):
+        mx = T.alloc_local([VEC], "float32")
+        den = T.alloc_local([VEC], "float32")
+        num = T.alloc_local([VEC], "float32")
+        w = T.alloc_local([VEC], "float32")
+        for i in T.unroll(VEC):
+            mx[i] = sc[0, i]
+        for t in range(1, r):
+            for i in T.unroll(VEC):
+                mx[i] = T.max(mx[i], sc[t, i])
+        for i in T.unroll(VEC):
+            w[i] = _expf(T.ieee_sub(sc[0, i], mx[i]))
+            den[i] = w[i]
+            num[i] = T.ieee_mul(w[i], lt[0, i])
+        for t in range(1, r):
+            for i in T.unroll(VEC):
+                w[i] = _expf(T.ieee_sub(sc[t, i], mx[i]))
+                den[i] = T.ieee_add(den[i], w[i])
+                num[i] = T.ieee_add(num[i], T.ieee_mul(w[i], lt[t, i]))
+        for i in T.unroll(VEC):
+            x[i] = T.Cast("float32", T.Cast("bfloat16", T.ieee_fdiv(num[i], den[i])))
+
+    return gated_mean
+
+
+def make_row_io(dim: int):
+    """``@T.macro``s moving one position's (score, latent) channels of this lane, 16-byte vectors:
+    ``load_token`` from projected_kv, ``load_ring`` / ``store_ring`` from / to a ring entry;
+    ``sc``/``lt`` are local [*, 16] buffers, ``t`` the row of them."""
+
+    @T.macro
+    def load_token(sc, lt, t, projected_kv, tok, lane):
+        for v in T.unroll(VEC // F4):
+            for i in T.vectorized(F4):
+                sc[t, v * F4 + i] = projected_kv[tok, lane * VEC + v * F4 + i]
+            for i in T.vectorized(F4):
+                lt[t, v * F4 + i] = projected_kv[tok, dim + lane * VEC + v * F4 + i]
+
+    @T.macro
+    def load_ring(sc, lt, t, state, slot, entry, lane):
+        for v in T.unroll(VEC // F4):
+            for i in T.vectorized(F4):
+                sc[t, v * F4 + i] = state[slot, entry, 0, lane * VEC + v * F4 + i]
+            for i in T.vectorized(F4):
+                lt[t, v * F4 + i] = state[slot, entry, 1, lane * VEC + v * F4 + i]
+
+    @T.macro
+    def store_ring(state, slot, entry, sc, lt, t, lane):
+        for v in T.unroll(VEC // F4):
+            for i in T.vectorized(F4):
+                state[slot, entry, 0, lane * VEC + v * F4 + i] = sc[t, v * F4 + i]
+            for i in T.vectorized(F4):
+                state[slot, entry, 1, lane * VEC + v * F4 + i] = lt[t, v * F4 + i]
+
+    return load_token, load_ring, store_ring
+
+
+@tilelang.jit
+def compress_store_prefill_kernel(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
+                                  has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str):
+    fmt = _FORMATS[fmt_name]
+    dim = fmt.dim
+    assert dim == WARP * VEC, dim
+    rpw = PREFILL_ROWS_PER_WARP
+    rows_per_cta = WARPS * rpw
+    half = rope_dim // 2
+    row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype)
+    gated_mean = make_gated_mean(r)
+    load_token, load_ring, store_ring = make_row_io(dim)
+    num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos = T.dynamic(
+        "num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos")
+    cache_bytes = T.dynamic("cache_bytes", "int64")
+
+    @T.prim_func
+    def kernel(
+        projected_kv: T.Tensor((num_tokens, 2 * dim), "float32"),  # [num_tokens, 2 * D] fp32
+        state: T.Tensor((num_slots, ring, 2, dim), "float32"),  # [num_state_slots, S, 2, D] fp32
+        cu_q: T.Tensor((nreq1,), "int32"),  # [num_reqs + 1] int32
+        ctx: T.Tensor((num_reqs,), "int32"),  # [num_reqs] int32, e
+        sbi: T.Tensor((num_reqs,), "int32"),  # [num_reqs] int32, ring slot
+        cu_c: T.Tensor((nreq1,), "int32"),  # [num_reqs + 1] int32, row offsets
+        weight: T.Tensor((dim,), weight_dtype),  # [D] bf16 or fp32
+        cos: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
+        sin: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
+        positions: T.Tensor((rows,), pos_dtype),  # [rows] int32/int64, j * r
+        slots: T.Tensor((rows,), slot_dtype),  # [rows] int32/int64, < 0: skip
+        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
+        out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [rows, D] bf16 (or [1, D] dummy)
+        eps: T.float32,
+        search_steps: T.int32,  # ceil(log32(num_reqs))
+    ):
+        with T.Kernel(T.ceildiv(rows, rows_per_cta), threads=THREADS) as bx:
+            tx = T.get_thread_binding()
+            lane = tx % WARP
+            first_row = bx * rows_per_cta + (tx // WARP) * rpw
+            sc = T.alloc_local([r, VEC], "float32")
+            lt = T.alloc_local([r, VEC], "float32")
+            x = T.alloc_local([VEC], "float32")
+            cps = T.alloc_local([1, VEC], "float32")
+            cpl = T.alloc_local([1, VEC], "float32")
+            lo = T.alloc_var("int32")
+            span = T.alloc_var("int32")
+            step = T.alloc_var("int32")
+            cnt = T.alloc_var("int32")
+            req = T.alloc_var("int32")
+            if first_row < rows:
+                # req = the last i with cu_c[i] <= first_row: 32 candidates per step, one per lane; the
+                # lanes that pass form a prefix (cu_c rises), so their count locates the next span.
+                lo = 0
+                span = num_reqs
+                for _ in T.serial(search_steps):
+                    step = (span + WARP - 1) // WARP
+                    cnt = T.if_then_else(
+                        lane * step < span and cu_c[T.min(lo + lane * step, num_reqs)] <= first_row, 1, 0)
+                    for k in T.unroll(5):
+                        cnt = cnt + T.shfl_xor(cnt, 16 >> k)
+                    lo = lo + T.max(cnt - 1, 0) * step
+                    span = T.min(step, span - T.max(cnt - 1, 0) * step)
+                req = T.min(T.max(lo, 0), num_reqs - 1)
+                for kr in T.serial(rpw):
+                    row = first_row + kr
+                    if row < rows:
+                        if req + 1 < num_reqs and row >= cu_c[req + 1]:
+                            req = req + 1
+                        tok0 = cu_q[req]
+                        e = ctx[req]
+                        s = e - (cu_q[req + 1] - tok0)
+                        slot = sbi[req]
+                        k_in = row - cu_c[req]
+                        # the request's metadata addresses only its own chunk and its own ring
+                        ok = (tok0 >= 0 and cu_q[req + 1] <= num_tokens and s >= 0 and slot >= 0
+                              and slot < num_slots and k_in >= 0)
+                        if ok and k_in < e // r - s // r:
+                            g = s // r + k_in
+                            for t in T.unroll(r):
+                                p = g * r + t
+                                if p >= s:  # in this chunk
+                                    load_token(sc, lt, t, projected_kv, tok0 + p - s, lane)
+                                else:  # the group began before the chunk: its earlier inputs wait in the ring
+                                    load_ring(sc, lt, t, state, slot, p % ring, lane)
+                            gated_mean(sc, lt, x)
+                        else:  # placeholder (nc = 0): a zero row
+                            for i in T.unroll(VEC):
+                                x[i] = T.float32(0)
+                        row_store(x, lane, weight, cos, sin, cache, out_norm, T.Cast("int64", positions[row]),
+                                  T.Cast("int64", slots[row]), ok, row, max_pos, cache_bytes // fmt.row_bytes,
+                                  eps)
+                        # The first row's warp refreshes the ring after its reads: each lane writes the
+                        # channels it read itself, so program order keeps old reads before new writes.
+                        if ok and k_in == 0:
+                            for p in T.serial(T.max(s, e - ring), e):
+                                load_token(cps, cpl, 0, projected_kv, tok0 + p - s, lane)
+                                store_ring(state, slot, p % ring, cps, cpl, 0, lane)
+
+    return kernel
+
+
+@tilelang.jit
+def compress_store_decode_kernel(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
+                                 has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str):
+    fmt = _FORMATS[fmt_name]
+    dim = fmt.dim
+    assert dim == WARP * VEC, dim
+    half = rope_dim // 2
+    row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype)
+    gated_mean = make_gated_mean(r)
+    load_token, load_ring, store_ring = make_row_io(dim)
+    num_tokens, num_slots, ring, norm_rows, max_pos = T.dynamic(
+        "num_tokens, num_slots, ring, norm_rows, max_pos")
+    cache_bytes = T.dynamic("cache_bytes", "int64")
+
+    @T.prim_func
+    def kernel(
+        projected_kv: T.Tensor((num_tokens, 2 * dim), "float32"),  # [total_q, 2 * D] fp32
+        state: T.Tensor((num_slots, ring, 2, dim), "float32"),  # [num_state_slots, S, 2, D] fp32
+        ctx: T.Tensor((num_tokens,), "int32"),  # [total_q] int32, position + 1
+        sbi: T.Tensor((num_tokens,), "int32"),  # [total_q] int32, ring slot
+        weight: T.Tensor((dim,), weight_dtype),  # [D] bf16 or fp32
+        cos: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
+        sin: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
+        positions: T.Tensor((num_tokens,), pos_dtype),  # [total_q] int32/int64, j * r or 0
+        slots: T.Tensor((num_tokens,), slot_dtype),  # [total_q] int32/int64, < 0: skip
+        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
+        out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [total_q, D] bf16 (or [1, D] dummy)
+        eps: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, WARPS), threads=THREADS) as bx:
+            tx = T.get_thread_binding()
+            lane = tx % WARP
+            i = bx * WARPS + tx // WARP
+            sc = T.alloc_local([r, VEC], "float32")
+            lt = T.alloc_local([r, VEC], "float32")
+            x = T.alloc_local([VEC], "float32")
+            if i < num_tokens:
+                c = ctx[i]
+                slot = sbi[i]
+                p = c - 1
+                ok = c >= 1 and slot >= 0 and slot < num_slots
+                if ok:
+                    # This token's own inputs go to the ring first; no group of this step reads that
+                    # entry from the ring (in-step inputs come from projected_kv, capacity rule).
+                    load_token(sc, lt, r - 1, projected_kv, i, lane)
+                    store_ring(state, slot, p % ring, sc, lt, r - 1, lane)
+                if ok and p % r == r - 1:
+                    for t in T.unroll(r - 1):
+                        back = r - 1 - t  # position p - back
+                        nb = T.max(i - back, 0)
+                        if i - back >= 0 and sbi[nb] == slot and ctx[nb] == c - back:
+                            load_token(sc, lt, t, projected_kv, nb, lane)  # an earlier token of this step
+                        else:  # written by an earlier step
+                            load_ring(sc, lt, t, state, slot, (p - back) % ring, lane)
+                    gated_mean(sc, lt, x)
+                else:  # closes no group: a zero row
+                    for j in T.unroll(VEC):
+                        x[j] = T.float32(0)
+                row_store(x, lane, weight, cos, sin, cache, out_norm, T.Cast("int64", positions[i]),
+                          T.Cast("int64", slots[i]), ok, i, max_pos, cache_bytes // fmt.row_bytes, eps)
+
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _prefill_kernel(*static):
+    return compress_store_prefill_kernel(*static)
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_kernel(*static):
+    return compress_store_decode_kernel(*static)
+
+
+def _search_steps(num_reqs: int) -> int:
+    steps, reach = 0, 1
+    while reach < num_reqs:
+        steps, reach = steps + 1, reach * WARP
+    return steps
+
+
+def _static(fmt, r, rope_dim, interleaved, out_norm, norm_weight, positions, slot_mapping):
+    why = kernel_supports(fmt, rope_dim, interleaved)
+    if why is not None or fmt.dim != WARP * VEC:
+        raise ValueError(f"compress_store kernel: unsupported configuration for {fmt.name}: "
+                         f"{why or f'dim={fmt.dim} must be {WARP * VEC}'}")
+    return (fmt.name, r, rope_dim, interleaved, out_norm is not None, _TORCH_TO_TL[norm_weight.dtype],
+            _TORCH_TO_TL[positions.dtype], _TORCH_TO_TL[slot_mapping.dtype])
+
+
+def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
+                           cu_compressed, compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping,
+                           kv_cache, fmt, *, out_norm=None, num_rows=None, rope_dim=64,
+                           interleaved=True) -> None:
+    """cache[slot_mapping[j]] = cast(rope(rmsnorm(gated_mean(group j)))), ring updated; one launch.
+
+    Same arguments and results as ``reference.compress_store.compress_store_prefill_ref``:
+    projected_kv [num_tokens, 2 * D] fp32 (copied if non-contiguous), state_cache [slots, S, 2, D]
+    fp32 (in place), cu_seqlens_q/context_lens/state_block_idx/cu_compressed int32 metadata,
+    norm_weight [D] bf16/fp32, cos/sin [max_position, rope_dim/2] fp32, positions/slot_mapping
+    [rows] int32/int64, kv_cache uint8 (in place), out_norm optional [rows, D] bf16. Returns None.
+    """
+    dims = check_compress_store_prefill_args(
+        projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+        compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+        out_norm=out_norm, num_rows=num_rows, rope_dim=rope_dim, interleaved=interleaved)
+    check_cuda(projected_kv=projected_kv, state_cache=state_cache, kv_cache=kv_cache)
+    static = _static(fmt, compress_ratio, rope_dim, interleaved, out_norm, norm_weight, positions,
+                     slot_mapping)
+    if debug_checks_enabled():
+        check_compress_store_prefill_values(projected_kv, state_cache, cu_seqlens_q, context_lens,
+                                            state_block_idx, cu_compressed, compress_ratio, positions,
+                                            slot_mapping, dims)
+    if dims.store.rows == 0:
+        return
+    norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
+    _prefill_kernel(*static)(
+        projected_kv.contiguous(), state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(),
+        state_block_idx.contiguous(), cu_compressed.contiguous(), norm_weight.contiguous(), cos.contiguous(),
+        sin.contiguous(), positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1), norm,
+        float(eps), _search_steps(dims.compress.num_reqs))
+
+
+def compress_store_decode(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
+                          compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+                          *, out_norm=None, rope_dim=64, interleaved=True) -> None:
+    """Decode / verification step, fused: ring writes, groups closing in the step, their cache rows.
+
+    Same arguments and results as ``reference.compress_store.compress_store_decode_ref``. Returns None.
+    """
+    dims = check_compress_store_decode_args(
+        projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio, norm_weight,
+        eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm=out_norm, rope_dim=rope_dim,
+        interleaved=interleaved)
+    check_cuda(projected_kv=projected_kv, state_cache=state_cache, kv_cache=kv_cache)
+    static = _static(fmt, compress_ratio, rope_dim, interleaved, out_norm, norm_weight, positions,
+                     slot_mapping)
+    if debug_checks_enabled():
+        check_compress_store_decode_values(projected_kv, state_cache, context_lens, state_block_idx,
+                                           max_seqlen_q, positions, slot_mapping, dims)
+    if dims.store.rows == 0:
+        return
+    norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
+    _decode_kernel(*static)(
+        projected_kv.contiguous(), state_cache, context_lens.contiguous(), state_block_idx.contiguous(),
+        norm_weight.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous(),
+        slot_mapping.contiguous(), kv_cache.view(-1), norm, float(eps))
+
+
+# ----------------------------------------------------------------------------------------------
+# The unfused pipeline (our compress kernel, then our store kernel): the baseline that tests and
+# benchmarks compare the fused kernel with. Same arguments as the fused wrappers.
+# ----------------------------------------------------------------------------------------------
+
+
+def two_kernel_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+                       compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, *,
+                       out_norm=None, num_rows=None, rope_dim=64, interleaved=True) -> None:
+    from tilelang_ops.compress import compress_prefill
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+
+    kv = compress_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
+                          cu_compressed, compress_ratio, num_rows=positions.shape[0])
+    norm_rope_hadamard_cast_store(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+                                  rope_dim=rope_dim, interleaved=interleaved, out_norm=out_norm)
+
+
+def two_kernel_decode(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio,
+                      norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, *, out_norm=None,
+                      rope_dim=64, interleaved=True) -> None:
+    from tilelang_ops.compress import compress_decode
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+
+    kv = compress_decode(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
+                         compress_ratio)
+    norm_rope_hadamard_cast_store(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+                                  rope_dim=rope_dim, interleaved=interleaved, out_norm=out_norm)
