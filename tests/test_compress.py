@@ -822,4 +822,10 @@ def test_gpu_wrapper_errors_and_dispatch():
     compare_bitwise("strided ring", s1, s2).check()
     c1 = torch.randn(3, 512, device="cuda").to(torch.bfloat16)
     assert compress(c1, None, meta, 1, False) is c1
+    # a ring view that starts 4 bytes into its storage cannot take 16 B vector accesses
+    flat = torch.zeros(1 + state.numel(), device="cuda")
+    shifted = flat[1:].view(state.shape)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        compress_prefill(x, shifted, m.cu_seqlens_q, m.context_lens, m.state_block_idx, m.cu_compressed, r)
+    assert not flat.any()
 

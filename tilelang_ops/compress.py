@@ -52,6 +52,14 @@ def _check_dim(dim: int) -> None:
         raise ValueError(f"the compress kernel needs D to be a multiple of {DIM_ALIGN}, got D={dim}")
 
 
+def _check_aligned(**tensors) -> None:
+    """16 B vector accesses need 16 B aligned bases (torch allocations are; odd views may not be)."""
+    for name, t in tensors.items():
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must start at a 16-byte aligned address for the vectorized kernel, "
+                             f"got data_ptr % 16 = {t.data_ptr() % 16} (storage offset {t.storage_offset()})")
+
+
 @tilelang.jit(compile_flags=COMPILE_FLAGS)
 def compress_prefill_kernel(dim: int, compress_ratio: int, ring: int = 0):
     """Prefill: one block per ROWS consecutive output rows.
@@ -347,9 +355,11 @@ def compress_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens, stat
     kv = torch.empty(num_rows, dims.dim, dtype=torch.bfloat16, device=projected_kv.device)
     if num_rows == 0:
         return kv
+    x = projected_kv.contiguous()
+    _check_aligned(projected_kv=x, state_cache=state_cache)
     kernel = compress_prefill_kernel(dims.dim, compress_ratio)
-    kernel(projected_kv.contiguous(), state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(),
-           state_block_idx.contiguous(), cu_compressed.contiguous(), kv)
+    kernel(x, state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(), state_block_idx.contiguous(),
+           cu_compressed.contiguous(), kv)
     return kv
 
 
@@ -370,9 +380,10 @@ def compress_decode(projected_kv, state_cache, context_lens, state_block_idx, ma
     kv = torch.empty(dims.num_tokens, dims.dim, dtype=torch.bfloat16, device=projected_kv.device)
     if dims.num_tokens == 0:
         return kv
+    x = projected_kv.contiguous()
+    _check_aligned(projected_kv=x, state_cache=state_cache)
     kernel = compress_decode_kernel(dims.dim, compress_ratio)
-    kernel(projected_kv.contiguous(), state_cache, context_lens.contiguous(), state_block_idx.contiguous(),
-           kv)
+    kernel(x, state_cache, context_lens.contiguous(), state_block_idx.contiguous(), kv)
     return kv
 
 
