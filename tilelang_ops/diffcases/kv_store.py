@@ -89,26 +89,27 @@ def _step_comparison(output: str, dist: torch.Tensor, max_frac: float) -> Compar
 
 def compare_store(got: torch.Tensor, want: torch.Tensor, fmt: KVCacheFormat, slots: torch.Tensor,
                   max_frac: float = MAX_FRAC) -> list[Comparison]:
-    """Kernel cache vs reference cache (rules in the module docstring)."""
-    got, want = got.cpu(), want.cpu()
+    """Kernel cache vs reference cache (rules in the module docstring). Runs on got's device."""
+    dev = got.device
+    want = want.to(dev)
     rpb = fmt.rows_per_block(got.shape[1])
-    stored = slots.cpu().long()
+    stored = slots.to(dev).long()
     stored = stored[stored >= 0]
-    mask = torch.zeros_like(got, dtype=torch.bool)
-    for s in stored.tolist():
-        b, r = divmod(s, rpb)
-        d0, s0 = fmt.data_offset(r, rpb), fmt.scale_offset(r, rpb)
-        mask[b, d0:d0 + fmt.data_bytes] = True
-        mask[b, s0:s0 + fmt.scale_bytes] = True
-    out = [compare_bitwise("unwritten bytes", torch.where(mask, 0, got), torch.where(mask, 0, want))]
-    if stored.numel() == 0:
-        return out
     blk, row = stored // rpb, stored % rpb
     if fmt.block_sections:
         d0, s0 = row * fmt.data_bytes, rpb * fmt.data_bytes + row * fmt.scale_bytes
     else:
         d0, s0 = row * fmt.row_bytes, row * fmt.row_bytes + fmt.data_bytes
-    take = lambda c, off, n: c[blk[:, None], off[:, None] + torch.arange(n)]  # noqa: E731
+    width = got.shape[1]
+    idx = lambda off, n: (blk * width + off)[:, None] + torch.arange(n, device=dev)  # noqa: E731
+    mask = torch.zeros(got.numel(), dtype=torch.bool, device=dev)
+    mask[idx(d0, fmt.data_bytes).reshape(-1)] = True
+    mask[idx(s0, fmt.scale_bytes).reshape(-1)] = True
+    mask = mask.view_as(got)
+    out = [compare_bitwise("unwritten bytes", torch.where(mask, 0, got), torch.where(mask, 0, want))]
+    if stored.numel() == 0:
+        return out
+    take = lambda c, off, n: c.view(-1)[idx(off, n)]  # noqa: E731
     gd, wd = take(got, d0, fmt.data_bytes), take(want, d0, fmt.data_bytes)
     if fmt.data_dtype == "bf16":
         dist = bf16_ulp_distance(gd.view(torch.bfloat16), wd.view(torch.bfloat16))
