@@ -383,6 +383,30 @@ def test_compress_dispatch_and_c1_bypass():
         compress_ref(c1.float(), None, meta, 1, True)
 
 
+def test_compress_with_builder_metadata():
+    """The metadata builder's InputMetadata drives prefill and decode (duck-typed, imported here)."""
+    pti = pytest.importorskip("metadata.prepare_tensor_input")
+    r, ring = 2, 7
+    init = random_state(4, ring)
+    # prefill: chunks [3, 9) slot 2, [0, 4) slot 0, [5, 6) slot 3 (a placeholder)
+    seqs = [pti.SeqMetadata(6, 9, [0], 2), pti.SeqMetadata(4, 4, [1], 0), pti.SeqMetadata(1, 6, [2], 3)]
+    meta = pti.prepare_tensor_input(seqs, is_prefill=True, compress_ratios=(2,))
+    x = sequence(11)
+    s1, s2 = init.clone(), init.clone()
+    kv = compress_ref(x, s1, meta, r, True)
+    chunks = [(6, 9, 2), (4, 4, 0), (1, 6, 3)]
+    compare_bitwise("prefill", kv, run_prefill(compress_prefill_ref, x, s2, chunks, r)).check()
+    compare_bitwise("prefill ring", s1, s2).check()
+    # decode: request in slot 2 verifies 3 tokens, slot 0 decodes 1
+    seqs = [pti.SeqMetadata(3, 12, [0], 2), pti.SeqMetadata(1, 5, [1], 0)]
+    meta = pti.prepare_tensor_input(seqs, is_prefill=False, compress_ratios=(2,))
+    xd = sequence(4)
+    kv = compress_ref(xd, s1, meta, r, False)
+    ctx, sl = decode_metadata([(10, 2), (11, 2), (12, 2), (5, 0)])
+    compare_bitwise("decode", kv, compress_decode_ref(xd, s2, ctx, sl, 3, r)).check()
+    compare_bitwise("decode ring", s1, s2).check()
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(compress_ratio=4), "compress_ratio=4"),
     (dict(compress_ratio=3), "compress_ratio=3"),
@@ -809,7 +833,7 @@ def test_gpu_wrapper_errors_and_dispatch():
     compare_bitwise("state untouched", state, before).check()
     meta = SimpleNamespace(cu_seqlens_q=m.cu_seqlens_q, context_lens=m.context_lens,
                            state_block_idx=m.state_block_idx, max_seqlen_q=5,
-                           cu_compressed={"2": m.cu_compressed}, num_compressed={"2": m.num_rows})
+                           cu_compressed={"2": m.cu_compressed}, num_rows={"2": m.num_rows})
     s1, s2 = state.clone(), state.clone()
     compare_bf16_ulp("dispatch", compress(x, s1, meta, 2, True),
                      run_prefill(compress_prefill_ref, x, s2, chunks, r), max_ulp=1).check()

@@ -388,8 +388,8 @@ def compress_decode(projected_kv, state_cache, context_lens, state_block_idx, ma
 
 
 def _metadata_rows(metadata, compress_ratio):
-    """The builder's total row count when it is a host int (saves a device sync), else None."""
-    num = getattr(metadata, "num_compressed", None)
+    """The builder's host row count ``num_rows[str(r)]`` when present (saves a device sync)."""
+    num = getattr(metadata, "num_rows", None)
     num = num.get(str(compress_ratio)) if isinstance(num, dict) else None
     return num if isinstance(num, int) and not isinstance(num, bool) else None
 
