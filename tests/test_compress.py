@@ -619,6 +619,7 @@ class GpuPrefillCase:
 
 GPU_PREFILL = [
     GpuPrefillCase("r2_d512_b1_len1", 2, 512, 7, 1, 1, 0),
+    GpuPrefillCase("r2_d512_b5_all_empty", 2, 512, 7, 5, 0, 9),  # zero tokens, placeholders only
     GpuPrefillCase("r2_d512_b7_len37_ring7", 2, 512, 7, 7, 37, 1),
     GpuPrefillCase("r2_d512_b9_odd_min_ring", 2, 512, 2, 9, 61, 2, odd_only=True),
     GpuPrefillCase("r4_d64_b64_len20_min_ring", 4, 64, 4, 64, 20, 3),
