@@ -42,6 +42,8 @@ PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
 THREADS = 1024  # one CTA per row
 WARPS = THREADS // 32
 BINS = 2048  # 11-bit radix digit
+UNROLL = 8  # row entries per thread per tile: independent loads in flight
+TILE = THREADS * UNROLL
 # (shift, bits) of the three radix digits, most significant first: 11 + 11 + 10 = 32 bits
 DIGITS = ((21, 11), (10, 11), (0, 10))
 # Rows up to this many entries keep their keys in shared memory between passes (128 KiB of keys).
@@ -65,6 +67,8 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
     cache = max(cache_cap, 1)
     SIGN, ZERO, ABS = T.uint32(0x80000000), T.uint32(0), T.uint32(0x7FFFFFFF)
     INF_BITS, KEY_MAX = T.uint32(0x7F800000), T.uint32(0xFFFFFFFF)
+    NO_BIN = T.uint32(0xFFFFFFFF)  # lane that adds nothing to the histogram
+    TIE = 1 << 16  # packed counts: taken-for-sure in the low 16 bits, ties above
 
     @T.prim_func
     def kernel(
@@ -84,9 +88,12 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             lane = tx % 32
             warp = tx // 32
             s_hist = T.alloc_shared([BINS], "int32")
-            s_scan = T.alloc_shared([2, WARPS], "int32")
+            s_scan = T.alloc_shared([2, UNROLL, WARPS], "int32")
             s_sel = T.alloc_shared([4], "int32")
             s_keys = T.alloc_shared([cache], "uint32")
+            kb = T.alloc_local([UNROLL], "uint32")  # keys of this thread's UNROLL lanes of a tile
+            cl = T.alloc_local([UNROLL], "int32")  # packed take/tie flag per lane
+            inl = T.alloc_local([UNROLL], "int32")  # packed counts of lower lanes in the warp
 
             e = T.alloc_var("int32")
             kk = T.alloc_var("int32")  # lanes still to find among keys matching the prefix
@@ -95,8 +102,11 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             cached = T.alloc_var("int32")
             pref = T.alloc_var("uint32")
             shift = T.alloc_var("int32")
-            key = T.alloc_var("uint32")
-            bits = T.alloc_var("uint32")
+            bv = T.alloc_var("uint32")
+            peers = T.alloc_var("uint32")
+            lt = T.alloc_var("uint32")
+            dm = T.alloc_var("uint32")
+            tm = T.alloc_var("uint32")
             c = T.alloc_var("int32")
             incl = T.alloc_var("int32")
             tmp = T.alloc_var("int32")
@@ -105,10 +115,13 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             h_hi = T.alloc_var("int32")
             run_def = T.alloc_var("int32")
             run_tie = T.alloc_var("int32")
+            d_before = T.alloc_var("int32")
+            t_before = T.alloc_var("int32")
             pos = T.alloc_var("int32")
             j = T.alloc_var("int64")
 
             base = T.Cast("int64", row) * ld
+            lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)  # lanes below mine
             e = n
             if has_end != 0:
                 e = T.max(T.min(end[row], n), 0)  # clamp: a bad end never reads outside the row
@@ -132,22 +145,36 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     for q in T.serial(BINS // THREADS):
                         s_hist[q * THREADS + tx] = 0
                     T.sync_threads()
-                    for it in T.serial(T.ceildiv(e, THREADS)):
-                        i = it * THREADS + tx
-                        if i < e:
+                    for it in T.serial(T.ceildiv(e, TILE)):
+                        # all UNROLL loads first (memory-level parallelism), then the keys
+                        for u in T.unroll(UNROLL):
+                            i = it * TILE + u * THREADS + tx
                             if p == 0 or cached == 0:
-                                # order-preserving key: -0.0 -> +0.0, NaN -> max, sign flip
-                                bits = T.reinterpret("uint32", T.Cast("float32", scores[base + i]))
-                                bits = T.if_then_else(bits == SIGN, ZERO, bits)
-                                key = T.if_then_else(bits >= SIGN, ~bits, bits | SIGN)
-                                key = T.if_then_else((bits & ABS) > INF_BITS, KEY_MAX, key)
-                                if p == 0 and cache_cap > 0:
-                                    if cached != 0:
-                                        s_keys[i] = key
+                                kb[u] = T.if_then_else(
+                                    i < e, T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
                             else:
-                                key = s_keys[i]
-                            if p == 0 or (key >> (sh + nbits)) == pref:
-                                T.atomic_add(s_hist[T.Cast("int32", (key >> sh) & ((1 << nbits) - 1))], 1)
+                                kb[u] = T.if_then_else(i < e, s_keys[i], ZERO)
+                        if p == 0 or cached == 0:
+                            for u in T.unroll(UNROLL):
+                                # order-preserving key: -0.0 -> +0.0, NaN -> max, sign flip
+                                kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
+                                kb[u] = T.if_then_else(
+                                    (kb[u] & ABS) > INF_BITS, KEY_MAX,
+                                    T.if_then_else(kb[u] >= SIGN, ~kb[u], kb[u] | SIGN))
+                                if p == 0 and cache_cap > 0:
+                                    i = it * TILE + u * THREADS + tx
+                                    if T.And(cached != 0, i < e):
+                                        s_keys[i] = kb[u]
+                        for u in T.unroll(UNROLL):
+                            i = it * TILE + u * THREADS + tx
+                            bv = NO_BIN
+                            if i < e:
+                                if p == 0 or (kb[u] >> (sh + nbits)) == pref:
+                                    bv = (kb[u] >> sh) & T.uint32((1 << nbits) - 1)
+                            # warp-aggregated add: concentrated scores hit one bin from every lane
+                            peers = T.match_any_sync(bv)
+                            if T.And(bv != NO_BIN, (peers & lt) == ZERO):
+                                T.atomic_add(s_hist[T.Cast("int32", bv)], T.Cast("int32", T.popcount(peers)))
                     T.sync_threads()
                     # thread t owns bins BINS-1-2t (higher) and BINS-2-2t; scan in descending bin order
                     h_hi = s_hist[BINS - 1 - 2 * tx]
@@ -157,9 +184,9 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                         tmp = T.shfl_up(incl, o)
                         incl = incl + T.if_then_else(lane >= o, tmp, 0)
                     if lane == 31:
-                        s_scan[0, warp] = incl
+                        s_scan[0, 0, warp] = incl
                     T.sync_threads()
-                    tmp = T.if_then_else(lane < warp, s_scan[0, lane], 0)
+                    tmp = T.if_then_else(lane < warp, s_scan[0, 0, lane], 0)
                     for o in (16, 8, 4, 2, 1):
                         tmp = tmp + T.shfl_xor(tmp, o)
                     wpre = tmp + incl - c  # keys in bins above my two bins
@@ -177,45 +204,55 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     shift = sh
                     if s_sel[2] == kk:
                         done = 1  # the threshold bin is taken whole: no need for lower digits
-                    T.sync_threads()  # s_hist / s_sel are rewritten by the next pass
+                    T.sync_threads()  # s_hist / s_sel / s_scan are rewritten next
 
             # ordered pass: take keys above the prefix, and the first kk keys equal to it
             run_def = 0
             run_tie = 0
-            for it in T.serial(T.ceildiv(e, THREADS)):
-                i = it * THREADS + tx
-                c = 0
-                if i < e:
+            for it in T.serial(T.ceildiv(e, TILE)):
+                for u in T.unroll(UNROLL):
+                    i = it * TILE + u * THREADS + tx
                     if cached != 0:
-                        key = s_keys[i]
+                        kb[u] = T.if_then_else(i < e, s_keys[i], ZERO)
                     else:
-                        bits = T.reinterpret("uint32", T.Cast("float32", scores[base + i]))
-                        bits = T.if_then_else(bits == SIGN, ZERO, bits)
-                        key = T.if_then_else(bits >= SIGN, ~bits, bits | SIGN)
-                        key = T.if_then_else((bits & ABS) > INF_BITS, KEY_MAX, key)
-                    if take_all != 0:
-                        c = 1
-                    elif (key >> shift) > pref:
-                        c = 1
-                    elif (key >> shift) == pref:
-                        c = 1 << 16
-                incl = c  # packed: taken-for-sure count (low 16 bits) + tie count (high bits)
-                for o in (1, 2, 4, 8, 16):  # warp inclusive scan
-                    tmp = T.shfl_up(incl, o)
-                    incl = incl + T.if_then_else(lane >= o, tmp, 0)
-                if lane == 31:
-                    s_scan[it % 2, warp] = incl  # double-buffered: one barrier per tile
+                        kb[u] = T.if_then_else(
+                            i < e, T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
+                if cached == 0:
+                    for u in T.unroll(UNROLL):
+                        kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
+                        kb[u] = T.if_then_else(
+                            (kb[u] & ABS) > INF_BITS, KEY_MAX,
+                            T.if_then_else(kb[u] >= SIGN, ~kb[u], kb[u] | SIGN))
+                for u in T.unroll(UNROLL):
+                    i = it * TILE + u * THREADS + tx
+                    cl[u] = 0
+                    if i < e:
+                        if take_all != 0:
+                            cl[u] = 1
+                        elif (kb[u] >> T.Cast("uint32", shift)) > pref:
+                            cl[u] = 1
+                        elif (kb[u] >> T.Cast("uint32", shift)) == pref:
+                            cl[u] = TIE
+                    dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
+                    tm = T.Cast("uint32", T.ballot_sync(cl[u] == TIE))
+                    inl[u] = T.Cast("int32", T.popcount(dm & lt)) + T.Cast("int32", T.popcount(tm & lt)) * TIE
+                    if lane == 0:
+                        # one barrier per tile: s_scan is double-buffered across tiles
+                        s_scan[it % 2, u, warp] = (T.Cast("int32", T.popcount(dm))
+                                                   + T.Cast("int32", T.popcount(tm)) * TIE)
                 T.sync_threads()
-                wtot = s_scan[it % 2, lane]
-                tmp = T.if_then_else(lane < warp, wtot, 0)
-                for o in (16, 8, 4, 2, 1):
-                    tmp = tmp + T.shfl_xor(tmp, o)
-                    wtot = wtot + T.shfl_xor(wtot, o)
-                wpre = tmp + incl - c
-                if c != 0:
-                    ties_before = run_tie + (wpre >> 16)
-                    if T.Or(c == 1, ties_before < kk):
-                        pos = run_def + (wpre & 0xFFFF) + T.min(ties_before, kk)
+                for u in T.unroll(UNROLL):
+                    i = it * TILE + u * THREADS + tx
+                    wtot = s_scan[it % 2, u, lane]
+                    tmp = T.if_then_else(lane < warp, wtot, 0)
+                    for o in (16, 8, 4, 2, 1):
+                        tmp = tmp + T.shfl_xor(tmp, o)
+                        wtot = wtot + T.shfl_xor(wtot, o)
+                    wpre = tmp + inl[u]  # packed counts of all lanes before mine in this sub-chunk
+                    d_before = run_def + (wpre & 0xFFFF)
+                    t_before = run_tie + (wpre >> 16)
+                    if T.Or(cl[u] == 1, T.And(cl[u] == TIE, t_before < kk)):
+                        pos = d_before + T.min(t_before, kk)
                         if pos < k:
                             j = T.Cast("int64", i)
                             if mode == "slots":
@@ -234,8 +271,8 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                             indices[row, pos] = T.Cast(idx_dtype, j)
                             if with_values:
                                 values[row, pos] = scores[base + i]
-                run_def = run_def + (wtot & 0xFFFF)
-                run_tie = run_tie + (wtot >> 16)
+                    run_def = run_def + (wtot & 0xFFFF)
+                    run_tie = run_tie + (wtot >> 16)
 
     return kernel
 
