@@ -108,7 +108,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         # ---- RMSNorm: FP32 sum of squares over the row's lanes, y = bf16(x * rstd * w)
         ss = T.float32(0)
         for i in T.unroll(VEC):
-            ss = ss + x[i] * x[i]
+            ss = ss + T.ieee_mul(x[i], x[i])  # squares rounded like torch's x * x (no FMA)
         for k in T.unroll(log_lanes):
             ss = ss + T.shfl_xor(ss, lanes >> (k + 1))  # a + b == b + a: every lane gets the same sum
         rstd = T.ieee_fdiv(_f32(1.0), T.ieee_fsqrt(T.ieee_add(T.ieee_mul(ss, _f32(1.0 / dim)), eps)))
