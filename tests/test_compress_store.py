@@ -13,6 +13,7 @@ Comparison rules (SPEC 4), per output:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -28,7 +29,7 @@ from reference.compress_store import (
     compress_store_prefill_torch,
 )
 from reference.kv_store import apply_rope_ref, norm_rope_hadamard_cast_store_ref
-from tests.conftest import case_id
+from tests.conftest import case_id, requires_cuda
 from tilelang_ops.testing import compare_bitwise
 
 SENTINEL = 0xA5
@@ -437,3 +438,231 @@ def test_errors_before_any_write(name, impl):
         fn(*args, **kw)
     for t, b in zip((state, cache, out_norm), before):
         assert torch.equal(t, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# kernel: host checks on CPU, sm_90a build check (CPU tier)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_kernel_wrappers_check_before_launch():
+    """The wrappers run the shared host checks first (no CUDA needed to reach them), then refuse CPU."""
+    from tilelang_ops.compress_store import compress_store_decode, compress_store_prefill
+
+    for name, err in (("fmt_fp4_index", ValueError), ("ratio_3", ValueError),
+                      ("ring_too_small_decode", ValueError), ("projected_dtype", TypeError)):
+        fn, args, kw = _bad_call(name, (compress_store_prefill, compress_store_decode))
+        with pytest.raises(err):
+            fn(*args, **kw)
+    fn, args, kw = _bad_call("num_rows_mismatch", (compress_store_prefill, compress_store_decode))
+    kw["num_rows"] -= 1
+    before = args[1].clone()
+    with pytest.raises(ValueError, match="CUDA"):
+        fn(*args, **kw)
+    assert torch.equal(args[1], before)
+
+
+@pytest.mark.build
+@pytest.mark.parametrize("fmt_name", list(FORMATS))
+def test_kernels_build_for_sm90(fmt_name):
+    from tilelang_ops.build import compile_for_sm90
+    from tilelang_ops.compress_store import compress_store_decode_kernel, compress_store_prefill_kernel
+
+    for factory in (compress_store_prefill_kernel, compress_store_decode_kernel):
+        src = compile_for_sm90(factory, fmt_name, 2, 64, True, True, "bfloat16", "int32", "int64") \
+            .get_kernel_source()
+        assert "float4" in src, "inputs and ring must move as 16 B vectors"
+        assert "expf(" in src and "__expf" not in src, "accurate expf (torch's and the compress kernel's)"
+        assert "__fmul_rn" in src and "__fdiv_rn" in src, "gated mean: no FMA contraction, IEEE division"
+        assert "(int64_t)" in src, "offsets must be 64-bit (1M tokens x 1024 floats > 2^31)"
+        bf16_params = set(re.findall(r"bfloat16_t\* __restrict__ (\w+)", src))
+        assert bf16_params == {"out_norm", "weight"}, "the compressed row must not go through global memory"
+        assert "out_norm +" in src
+
+
+# ----------------------------------------------------------------------------------------------
+# kernel vs two-kernel pipeline and vs references (GPU tier)
+# ----------------------------------------------------------------------------------------------
+
+GPU = "cuda"  # the GPU tests' device (a dry run of their plumbing can point it at "cpu")
+GPU_BLOCK = 128  # the engine's block size: 64 C2 rows per cache block
+LOOP_REF_MAX_TOKENS = 256  # the loop reference is slow; above this, the twins (bitwise equal, CPU tests)
+
+
+def _sync():
+    if GPU == "cuda":
+        torch.cuda.synchronize()
+
+
+def _fused():
+    from tilelang_ops.compress_store import compress_store_decode, compress_store_prefill
+
+    return compress_store_prefill, compress_store_decode
+
+
+def _two_kernel():
+    from tilelang_ops.compress_store import two_kernel_decode, two_kernel_prefill
+
+    return two_kernel_prefill, two_kernel_decode
+
+
+@dataclass(frozen=True)
+class GpuCase:
+    id: str
+    prefill: bool
+    fmt: str
+    num_reqs: int
+    max_len: int  # prefill: chunk of 0..max_len tokens; decode: 1..max_len tokens per request
+    ring: int  # 0: the minimum (prefill r, decode r + max_len - 1)
+    seed: int
+    max_before: int = 300  # context before the step: 0..max_before positions
+    odd_starts: bool = False  # every chunk starts at an odd position (its first group reads the ring)
+    interleaved: bool = True
+    weight_fp32: bool = False
+    index64: bool = False
+    out_norm: bool = True
+
+
+GPU_CASES = [
+    GpuCase("p_fp8_b1_len1", True, "fp8_main", 1, 1, 0, 1, max_before=3),
+    GpuCase("p_fp8_b7_len9_min_ring", True, "fp8_main", 7, 9, 0, 2, max_before=9),
+    GpuCase("p_fp8_b64_len300_ring7", True, "fp8_main", 64, 300, 7, 3),
+    GpuCase("p_fp4_b64_len300_half_w32_i64", True, "fp4_main", 64, 300, 7, 4, interleaved=False,
+            weight_fp32=True, index64=True),
+    GpuCase("p_bf16_b33_len40_min_ring", True, "bf16", 33, 40, 0, 5),
+    GpuCase("p_fp8_b1000_len64", True, "fp8_main", 1000, 64, 7, 6, max_before=2000),
+    GpuCase("p_fp4_b1000_len3_odd_min_ring", True, "fp4_main", 1000, 3, 0, 7, odd_starts=True),
+    GpuCase("p_fp8_b4_len8192_min_ring_odd", True, "fp8_main", 4, 8192, 0, 8, odd_starts=True),
+    GpuCase("p_bf16_b16_len4096_no_norm", True, "bf16", 16, 4096, 7, 9, out_norm=False),
+    GpuCase("p_fp8_b256_len4096", True, "fp8_main", 256, 4096, 7, 10),
+    GpuCase("d_fp8_b1_q1", False, "fp8_main", 1, 1, 0, 11),
+    GpuCase("d_fp8_b64_q6_min_ring", False, "fp8_main", 64, 6, 0, 12),
+    GpuCase("d_fp4_b64_q6_ring9", False, "fp4_main", 64, 6, 9, 13),
+    GpuCase("d_bf16_b33_q3_half", False, "bf16", 33, 3, 0, 14, interleaved=False),
+    GpuCase("d_fp8_b1000_q6_min_ring_i64", False, "fp8_main", 1000, 6, 0, 15, index64=True),
+    GpuCase("d_fp4_b4096_q1_w32_no_norm", False, "fp4_main", 4096, 1, 0, 16, weight_fp32=True,
+            out_norm=False),
+    GpuCase("d_fp8_b4096_q6_min_ring", False, "fp8_main", 4096, 6, 0, 17),
+]
+
+
+def gpu_batch(case: GpuCase):
+    """Builder metadata for a random request mix: shuffled state slots and physical blocks."""
+    g = torch.Generator().manual_seed(case.seed)
+    r = 2
+    num_slots = 2 * case.num_reqs + 1
+    slots = torch.randperm(num_slots, generator=g)[:case.num_reqs].tolist()
+    shape = []
+    for _ in slots:
+        before = int(torch.randint(0, case.max_before + 1, (1,), generator=g))
+        before = before | 1 if case.odd_starts else before
+        q = int(torch.randint(0 if case.prefill else 1, case.max_len + 1, (1,), generator=g))
+        shape.append((q, before + q))
+    blocks_needed = [max(1, -(-k // GPU_BLOCK)) for _, k in shape]
+    physical = torch.randperm(sum(blocks_needed) + 3, generator=g).tolist()
+    seqs, used = [], 0
+    for (q, k), slot, nb in zip(shape, slots, blocks_needed):
+        seqs.append(SeqMetadata(q, k, physical[used:used + nb], slot))
+        used += nb
+    meta = prepare_tensor_input(seqs, is_prefill=case.prefill, block_size=GPU_BLOCK, compress_ratios=(r,))
+    if case.index64:
+        for d in (meta.compressed_positions, meta.slot_mapping_store_ca):
+            d["2"] = d["2"].long()
+    ring = case.ring or (r if case.prefill else r + case.max_len - 1)
+    x = sequence(meta.total_q, g)
+    state = torch.randn(num_slots, ring, 2, D, generator=g) * 3
+    p = make_params(case.fmt, max_position=meta.max_seqlen_k + 2, weight_fp32=case.weight_fp32,
+                    interleaved=case.interleaved, gen=g)
+    cache = torch.full((len(physical), p.fmt.block_bytes(GPU_BLOCK // r)), SENTINEL, dtype=torch.uint8)
+    return meta.to(GPU), x.to(GPU), state.to(GPU), p.to(GPU), cache.to(GPU)
+
+
+def _run_gpu(fns, case, meta, x, state0, p, cache0):
+    state, cache = state0.clone(), cache0.clone()
+    out_norm = None
+    if case.out_norm:
+        out_norm = torch.full((meta.num_rows["2"], D), 7.0, dtype=torch.bfloat16, device=state.device)
+    run_step(fns, x, state, meta, 2, p, cache, out_norm)
+    _sync()
+    return state, cache, out_norm
+
+
+def _reference_fns(meta):
+    return REF if meta.total_q <= LOOP_REF_MAX_TOKENS else TWIN
+
+
+@requires_cuda
+@pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
+def test_gpu_kernel_matches_pipeline_and_reference(case):
+    from tilelang_ops.diffcases.kv_store import compare_norm, compare_store
+
+    meta, x, state0, p, cache0 = gpu_batch(case)
+    got = _run_gpu(_fused(), case, meta, x, state0, p, cache0)
+    # The two-kernel pipeline runs the same FP32 operations (expf, IEEE ops, the store's own row
+    # macro): ring, cache and out_norm bitwise.
+    pipe = _run_gpu(_two_kernel(), case, meta, x, state0, p, cache0)
+    for what, a, b in zip(("ring", "cache", "out_norm"), got, pipe):
+        if a is not None:
+            compare_bitwise(f"{what} vs two-kernel", a, b).check()
+    # vs the references: ring bitwise (copies); cache and out_norm by the store tests' rules (the
+    # RMS sum-of-squares order may flip a rounding: one step, <= 0.1%; unwritten bytes bitwise)
+    want = _run_gpu(_reference_fns(meta), case, meta, x, state0, p, cache0)
+    compare_bitwise("ring vs reference", got[0], want[0]).check()
+    for c in compare_store(got[1], want[1], p.fmt, meta.slot_mapping_store_ca["2"]):
+        c.check()
+    if case.out_norm:
+        compare_norm(got[2], want[2]).check()
+        skipped = meta.slot_mapping_store_ca["2"] < 0
+        compare_bitwise("skipped out_norm", got[2][skipped], torch.zeros_like(got[2][skipped])).check()
+    # deterministic: a second launch from the same state gives the same bytes
+    again = _run_gpu(_fused(), case, meta, x, state0, p, cache0)
+    for what, a, b in zip(("ring", "cache", "out_norm"), again, got):
+        if a is not None:
+            compare_bitwise(f"{what} rerun", a, b).check()
+
+
+@requires_cuda
+@pytest.mark.parametrize("ring", [2, 7])
+def test_gpu_chunk_boundaries_at_every_offset(ring):
+    """One sequence cut into chunks of 1..9 tokens (every start offset, nc = 0 chunks), then decode and
+    verification steps: the fused kernel, step by step, leaves the cache, ring and norm rows of the
+    whole-sequence prefill (oracle: twins on the GPU, rules as above)."""
+    from tilelang_ops.diffcases.kv_store import compare_norm, compare_store
+
+    gen = torch.Generator().manual_seed(21)
+    r, n = 2, 120
+    p = make_params("fp8_main", max_position=n + 2, gen=gen).to(GPU)
+    x = sequence(n, gen).to(GPU)
+    whole = process_gpu([n], x, r, ring, p, TWIN)
+    parts = [1 + i % 9 for i in range(18)]  # 1 + 2 + ... 9 twice = 90 tokens
+    for step in sorted({1, ring - r + 1}):  # single tokens, and verification steps at the ring's capacity
+        got = process_gpu(parts, x, r, ring, p, _fused(), decode_step=step)
+        compare_bitwise(f"ring step={step}", got[1], whole[1]).check()
+        slots = torch.arange(n // r, device=GPU)  # one sequence, contiguous blocks: slot j = row j
+        for c in compare_store(got[0], whole[0], p.fmt, slots):
+            c.check()
+        compare_norm(got[2], whole[2]).check()
+
+
+def process_gpu(parts, x, r, ring, p, fns, decode_step=None):
+    """``process`` on the GPU device (state and cache live there)."""
+    n = x.shape[0]
+    state = torch.zeros(1, ring, 2, D, device=x.device)
+    cache = torch.full((-(-n // GPU_BLOCK) + 1, p.fmt.block_bytes(GPU_BLOCK // r)), SENTINEL,
+                       dtype=torch.uint8, device=x.device)
+    blocks = list(range(cache.shape[0]))
+    norms, e = [], 0
+    steps = [(length, True) for length in parts]
+    done = sum(parts)
+    while decode_step and done < n:
+        steps.append((min(decode_step, n - done), False))
+        done += steps[-1][0]
+    for length, is_prefill in steps:
+        e += length
+        meta = prepare_tensor_input([SeqMetadata(length, e, blocks, 0)], is_prefill=is_prefill,
+                                    block_size=GPU_BLOCK, compress_ratios=(r,)).to(x.device)
+        out_norm = torch.empty(meta.num_rows[str(r)], D, dtype=torch.bfloat16, device=x.device)
+        run_step(fns, x[e - length:e], state, meta, r, p, cache, out_norm)
+        norms.append(out_norm[meta.slot_mapping_store_ca[str(r)] >= 0])
+    _sync()
+    return cache, state, torch.cat(norms)
