@@ -44,6 +44,9 @@ WARPS = THREADS // 32
 BINS = 2048  # 11-bit radix digit
 UNROLL = 8  # row entries per thread per tile: independent loads in flight
 TILE = THREADS * UNROLL
+# Rows beyond the cache: once the keys at or above the threshold prefix number at most this many, they
+# are compacted (key, index) into shared memory and the row is not read again (64 KiB).
+CAND = 8192
 # (shift, bits) of the three radix digits, most significant first: 11 + 11 + 10 = 32 bits
 DIGITS = ((21, 11), (10, 11), (0, 10))
 # Rows up to this many entries keep their keys in shared memory between passes (128 KiB of keys).
@@ -65,6 +68,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
     b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
     nc, mb = T.dynamic("nc, mb")
     cache = max(cache_cap, 1)
+    n_cand = CAND if cache_cap == 0 else 1
     SIGN, ZERO, ABS = T.uint32(0x80000000), T.uint32(0), T.uint32(0x7FFFFFFF)
     INF_BITS, KEY_MAX = T.uint32(0x7F800000), T.uint32(0xFFFFFFFF)
     NO_BIN = T.uint32(0xFFFFFFFF)  # lane that adds nothing to the histogram
@@ -90,7 +94,9 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             s_hist = T.alloc_shared([BINS], "int32")
             s_scan = T.alloc_shared([2, UNROLL, WARPS], "int32")
             s_sel = T.alloc_shared([4], "int32")
-            s_keys = T.alloc_shared([cache], "uint32")
+            s_keys = T.alloc_shared([cache], "uint32")  # whole-row key cache (cache_cap > 0)
+            s_ck = T.alloc_shared([n_cand], "uint32")  # candidate keys, ascending index (cache_cap == 0)
+            s_ci = T.alloc_shared([n_cand], "int32")  # their row indices
             kb = T.alloc_local([UNROLL], "uint32")  # keys of this thread's UNROLL lanes of a tile
             cl = T.alloc_local([UNROLL], "int32")  # packed take/tie flag per lane
             inl = T.alloc_local([UNROLL], "int32")  # packed counts of lower lanes in the warp
@@ -99,7 +105,9 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             kk = T.alloc_var("int32")  # lanes still to find among keys matching the prefix
             done = T.alloc_var("int32")
             take_all = T.alloc_var("int32")
-            cached = T.alloc_var("int32")
+            src = T.alloc_var("int32")  # where keys come from: 0 global row, 1 row cache, 2 candidates
+            ne = T.alloc_var("int32")  # number of source entries
+            cnt = T.alloc_var("int32")
             pref = T.alloc_var("uint32")
             shift = T.alloc_var("int32")
             bv = T.alloc_var("uint32")
@@ -119,6 +127,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             t_before = T.alloc_var("int32")
             pos = T.alloc_var("int32")
             j = T.alloc_var("int64")
+            oi = T.alloc_var("int32")
 
             base = T.Cast("int64", row) * ld
             lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)  # lanes below mine
@@ -130,7 +139,8 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             kk = k
             pref = T.uint32(0)
             shift = 0
-            cached = T.if_then_else(T.And(e <= cache_cap, cache_cap > 0), 1, 0)
+            src = 0
+            ne = e
 
             # fills for the lanes beyond the valid count
             for it in T.serial(T.ceildiv(k, THREADS)):
@@ -145,16 +155,19 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     for q in T.serial(BINS // THREADS):
                         s_hist[q * THREADS + tx] = 0
                     T.sync_threads()
-                    for it in T.serial(T.ceildiv(e, TILE)):
+                    for it in T.serial(T.ceildiv(ne, TILE)):
                         # all UNROLL loads first (memory-level parallelism), then the keys
                         for u in T.unroll(UNROLL):
                             i = it * TILE + u * THREADS + tx
-                            if p == 0 or cached == 0:
-                                kb[u] = T.if_then_else(
-                                    i < e, T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
+                            if p > 0 and cache_cap > 0 and src == 1:
+                                kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
+                            elif p > 0 and cache_cap == 0 and src == 2:
+                                kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
                             else:
-                                kb[u] = T.if_then_else(i < e, s_keys[i], ZERO)
-                        if p == 0 or cached == 0:
+                                kb[u] = T.if_then_else(
+                                    i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])),
+                                    ZERO)
+                        if src == 0:
                             for u in T.unroll(UNROLL):
                                 # order-preserving key: -0.0 -> +0.0, NaN -> max, sign flip
                                 kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
@@ -163,12 +176,12 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                     T.if_then_else(kb[u] >= SIGN, ~kb[u], kb[u] | SIGN))
                                 if p == 0 and cache_cap > 0:
                                     i = it * TILE + u * THREADS + tx
-                                    if T.And(cached != 0, i < e):
+                                    if T.And(e <= cache_cap, i < ne):
                                         s_keys[i] = kb[u]
                         for u in T.unroll(UNROLL):
                             i = it * TILE + u * THREADS + tx
                             bv = NO_BIN
-                            if i < e:
+                            if i < ne:
                                 if p == 0 or (kb[u] >> (sh + nbits)) == pref:
                                     bv = (kb[u] >> sh) & T.uint32((1 << nbits) - 1)
                             # warp-aggregated add: concentrated scores hit one bin from every lane
@@ -201,23 +214,68 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     T.sync_threads()
                     pref = (pref << nbits) | T.Cast("uint32", s_sel[0])
                     kk = s_sel[1]
+                    cnt = s_sel[2]
                     shift = sh
-                    if s_sel[2] == kk:
+                    if cnt == kk:
                         done = 1  # the threshold bin is taken whole: no need for lower digits
                     T.sync_threads()  # s_hist / s_sel / s_scan are rewritten next
+                    if p == 0 and cache_cap > 0:
+                        if e <= cache_cap:
+                            src = 1  # later passes read the row's keys from shared memory
+                    if p < 2 and cache_cap == 0:
+                        # keys at or above the prefix: (k - kk) above it + cnt in it. When they fit,
+                        # compact them once, in index order, so later passes never touch the row again.
+                        if T.And(T.And(done == 0, src == 0), k - kk + cnt <= CAND):
+                            run_def = 0
+                            for it in T.serial(T.ceildiv(ne, TILE)):
+                                for u in T.unroll(UNROLL):
+                                    i = it * TILE + u * THREADS + tx
+                                    kb[u] = T.if_then_else(
+                                        i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])),
+                                        ZERO)
+                                for u in T.unroll(UNROLL):
+                                    kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
+                                    kb[u] = T.if_then_else(
+                                        (kb[u] & ABS) > INF_BITS, KEY_MAX,
+                                        T.if_then_else(kb[u] >= SIGN, ~kb[u], kb[u] | SIGN))
+                                for u in T.unroll(UNROLL):
+                                    i = it * TILE + u * THREADS + tx
+                                    cl[u] = T.if_then_else(T.And(i < ne, (kb[u] >> sh) >= pref), 1, 0)
+                                    dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
+                                    inl[u] = T.Cast("int32", T.popcount(dm & lt))
+                                    if lane == 0:
+                                        s_scan[it % 2, u, warp] = T.Cast("int32", T.popcount(dm))
+                                T.sync_threads()
+                                for u in T.unroll(UNROLL):
+                                    i = it * TILE + u * THREADS + tx
+                                    wtot = s_scan[it % 2, u, lane]
+                                    tmp = T.if_then_else(lane < warp, wtot, 0)
+                                    for o in (16, 8, 4, 2, 1):
+                                        tmp = tmp + T.shfl_xor(tmp, o)
+                                        wtot = wtot + T.shfl_xor(wtot, o)
+                                    pos = run_def + tmp + inl[u]
+                                    if T.And(cl[u] == 1, pos < CAND):
+                                        s_ck[pos] = kb[u]
+                                        s_ci[pos] = i
+                                    run_def = run_def + wtot
+                            T.sync_threads()
+                            src = 2
+                            ne = T.min(run_def, CAND)
 
             # ordered pass: take keys above the prefix, and the first kk keys equal to it
             run_def = 0
             run_tie = 0
-            for it in T.serial(T.ceildiv(e, TILE)):
+            for it in T.serial(T.ceildiv(ne, TILE)):
                 for u in T.unroll(UNROLL):
                     i = it * TILE + u * THREADS + tx
-                    if cached != 0:
-                        kb[u] = T.if_then_else(i < e, s_keys[i], ZERO)
+                    if cache_cap > 0 and src == 1:
+                        kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
+                    elif cache_cap == 0 and src == 2:
+                        kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
                     else:
                         kb[u] = T.if_then_else(
-                            i < e, T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
-                if cached == 0:
+                            i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
+                if src == 0:
                     for u in T.unroll(UNROLL):
                         kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
                         kb[u] = T.if_then_else(
@@ -226,7 +284,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                 for u in T.unroll(UNROLL):
                     i = it * TILE + u * THREADS + tx
                     cl[u] = 0
-                    if i < e:
+                    if i < ne:
                         if take_all != 0:
                             cl[u] = 1
                         elif (kb[u] >> T.Cast("uint32", shift)) > pref:
@@ -254,13 +312,17 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     if T.Or(cl[u] == 1, T.And(cl[u] == TIE, t_before < kk)):
                         pos = d_before + T.min(t_before, kk)
                         if pos < k:
-                            j = T.Cast("int64", i)
+                            oi = i  # row index of this entry (a var: reassigned below)
+                            if cache_cap == 0:
+                                if src == 2:
+                                    oi = s_ci[i]
+                            j = T.Cast("int64", oi)
                             if mode == "slots":
                                 if cand_bs > 0:
-                                    blk = cand[row, T.min(i // cand_bs, nc - 1)]
+                                    blk = cand[row, T.min(oi // cand_bs, nc - 1)]
                                     j = T.if_then_else(
-                                        T.Or(blk < 0, i // cand_bs >= nc), T.int64(-1),
-                                        T.Cast("int64", blk) * cand_bs + i % cand_bs)
+                                        T.Or(blk < 0, oi // cand_bs >= nc), T.int64(-1),
+                                        T.Cast("int64", blk) * cand_bs + oi % cand_bs)
                                 if j >= 0:
                                     tb = table[row, T.Cast("int32", T.min(j // block_c, mb - 1))]
                                     j = T.if_then_else(
@@ -270,7 +332,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                 j = j + T.Cast("int64", offset[row])
                             indices[row, pos] = T.Cast(idx_dtype, j)
                             if with_values:
-                                values[row, pos] = scores[base + i]
+                                values[row, pos] = scores[base + oi]
                     run_def = run_def + (wtot & 0xFFFF)
                     run_tie = run_tie + (wtot >> 16)
 
