@@ -1,0 +1,133 @@
+"""compress_store: the fused kernel vs our two-kernel pipeline (compress kernel, then store kernel) and
+the twin composition (torch eager and torch.compile).
+
+Bytes (what a perfect fused kernel must move): projected_kv read + ring entries read (groups that
+began before the step) + ring entries written + cache rows written (stored rows x fmt.row_bytes) +
+out_norm written (rows x D x 2). The two-kernel pipeline additionally writes and re-reads the BF16
+rows. Metadata comes from the builder; the ring is the engine's default (7 for C2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.harness import Harness, time_graph_us, time_us
+from metadata.cache_format import FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT
+from metadata.prepare_tensor_input import SeqMetadata, prepare_tensor_input
+from reference.compress_store import compress_store_decode_torch, compress_store_prefill_torch
+
+OP = "compress_store"
+D, R, RING, BLOCK = 512, 2, 7, 128
+CHUNK = 4096  # prefill: requests of CHUNK tokens, each starting at an odd position
+PREFILL_CASES = {"tokens1048576_fp8": (256, FP8_MAIN_KV_FORMAT), "tokens65536_fp8": (16, FP8_MAIN_KV_FORMAT),
+                 "tokens1048576_fp4": (256, FP4_MAIN_KV_FORMAT), "tokens65536_fp4": (16, FP4_MAIN_KV_FORMAT)}
+DECODE_CASES = {"b1q1_fp8": (1, 1), "b64q6_fp8": (64, 6), "b4096q6_fp8": (4096, 6)}
+TINY_TOKENS = 512  # at or below this many query tokens, time CUDA-graph replays (launch-bound)
+
+
+def _inputs(seqs, prefill, fmt):
+    meta = prepare_tensor_input(seqs, is_prefill=prefill, block_size=BLOCK, compress_ratios=(R,)).to("cuda")
+    g = torch.Generator(device="cuda").manual_seed(len(seqs))
+    x = torch.randn(meta.total_q, 2 * D, device="cuda", generator=g)
+    state = torch.randn(len(seqs), RING, 2, D, device="cuda", generator=g)
+    w = (torch.rand(D, device="cuda", generator=g) + 0.5).bfloat16()
+    ang = torch.rand(meta.max_seqlen_k + 1, 32, device="cuda", generator=g) * 6.3
+    blocks = sum(len(s.block_table) for s in seqs)
+    cache = torch.zeros(blocks, fmt.block_bytes(BLOCK // R), dtype=torch.uint8, device="cuda")
+    rows = meta.num_rows[str(R)]
+    out_norm = torch.empty(rows, D, dtype=torch.bfloat16, device="cuda")
+    store = (w, 1e-6, torch.cos(ang), torch.sin(ang), meta.compressed_positions[str(R)],
+             meta.slot_mapping_store_ca[str(R)], cache, fmt)
+    if prefill:
+        args = (x, state, meta.cu_seqlens_q, meta.context_lens, meta.state_block_idx,
+                meta.cu_compressed[str(R)], R) + store
+        kw = dict(out_norm=out_norm, num_rows=rows)
+    else:
+        args = (x, state, meta.context_lens, meta.state_block_idx, meta.max_seqlen_q, R) + store
+        kw = dict(out_norm=out_norm)
+    stored = int((meta.slot_mapping_store_ca[str(R)] >= 0).sum())
+    return args, kw, rows, stored
+
+
+def _seq(q, k, first, slot):
+    nb = -(-k // BLOCK)
+    return SeqMetadata(q, k, list(range(first, first + nb)), slot), first + nb
+
+
+def _prefill(num_reqs, fmt):
+    seqs, first, ring_reads = [], 0, 0
+    for i in range(num_reqs):
+        start = 2 * CHUNK + 1 + 2 * i  # odd: the first group of every request reads one ring entry
+        s, first = _seq(CHUNK, start + CHUNK, first, i)
+        seqs.append(s)
+        ring_reads += start % R
+    args, kw, rows, stored = _inputs(seqs, True, fmt)
+    ring_writes = num_reqs * min(CHUNK, RING)
+    nbytes = (num_reqs * CHUNK + ring_reads + ring_writes) * 2 * D * 4 + stored * fmt.row_bytes + rows * D * 2
+    return args, kw, nbytes
+
+
+def _decode(batch, q, fmt):
+    seqs, first, ring_reads = [], 0, 0
+    for b in range(batch):
+        before = 100 + 3 * b  # mixed parities: different tokens of a step close groups
+        s, first = _seq(q, before + q, first, b)
+        seqs.append(s)
+        for p in range(before, before + q):
+            if p % R == R - 1:
+                ring_reads += sum(1 for t in range(p - R + 1, p + 1) if t < before)
+    args, kw, rows, stored = _inputs(seqs, False, fmt)
+    nbytes = (2 * batch * q + ring_reads) * 2 * D * 4 + stored * fmt.row_bytes + rows * D * 2
+    return args, kw, nbytes
+
+
+def _try(name, fn, timer):
+    """Time a peer; a peer that fails (compile errors, OOM) is reported, not fatal."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return timer(fn)
+    except Exception as exc:  # noqa: BLE001
+        print(f"{OP} peer {name} failed: {type(exc).__name__}: {str(exc)[:200]}")
+        torch.cuda.empty_cache()
+        return None
+
+
+def _case(h, case, args, kw, nbytes, fused, two_kernel, twin, compiled, tiny):
+    timer = time_graph_us if tiny else time_us
+    us = timer(lambda: fused(*args, **kw))
+    two = _try("two_kernel", lambda: two_kernel(*args, **kw), timer)
+    eager = _try("eager", lambda: twin(*args, **kw), timer)
+    comp = _try("compile", lambda: compiled(*args, **kw), timer) if compiled is not None else None
+    h.report(OP, case, nbytes, us, eager_us=eager, compile_us=comp,
+             peers={"two_kernel": two} if two is not None else None)
+
+
+def run(h: Harness) -> None:
+    from tilelang_ops.compress_store import (
+        compress_store_decode,
+        compress_store_prefill,
+        two_kernel_decode,
+        two_kernel_prefill,
+    )
+
+    def compiled(fn):
+        try:
+            return torch.compile(fn, dynamic=False)
+        except Exception as exc:  # noqa: BLE001
+            print(f"torch.compile unavailable: {exc}")
+            return None
+
+    cp, cd = compiled(compress_store_prefill_torch), compiled(compress_store_decode_torch)
+    for case, (num_reqs, fmt) in PREFILL_CASES.items():
+        args, kw, nbytes = _prefill(num_reqs, fmt)
+        _case(h, case, args, kw, nbytes, compress_store_prefill, two_kernel_prefill,
+              compress_store_prefill_torch, cp, tiny=False)
+        del args, kw
+        torch.cuda.empty_cache()
+    for case, (batch, q) in DECODE_CASES.items():
+        args, kw, nbytes = _decode(batch, q, FP8_MAIN_KV_FORMAT)
+        _case(h, case, args, kw, nbytes, compress_store_decode, two_kernel_decode,
+              compress_store_decode_torch, cd, tiny=batch * q <= TINY_TOKENS)
+        del args, kw
+        torch.cuda.empty_cache()
