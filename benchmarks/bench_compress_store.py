@@ -9,6 +9,8 @@ rows. Metadata comes from the builder; the ring is the engine's default (7 for C
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from benchmarks.harness import Harness, time_graph_us, time_us
@@ -23,6 +25,10 @@ PREFILL_CASES = {"tokens1048576_fp8": (256, FP8_MAIN_KV_FORMAT), "tokens65536_fp
                  "tokens1048576_fp4": (256, FP4_MAIN_KV_FORMAT), "tokens65536_fp4": (16, FP4_MAIN_KV_FORMAT)}
 DECODE_CASES = {"b1q1_fp8": (1, 1), "b64q6_fp8": (64, 6), "b4096q6_fp8": (4096, 6)}
 TINY_TOKENS = 512  # at or below this many query tokens, time CUDA-graph replays (launch-bound)
+# COMPRESS_STORE_SWEEP=1 also times other launch shapes of the fused kernel (tuning data, not reported
+# as BENCH lines): prefill (rows per warp, warps per CTA) on 1M FP8 tokens, decode warps on b4096q6.
+PREFILL_SHAPES = [(1, 4), (2, 4), (4, 4), (8, 4), (2, 8), (4, 8), (8, 2), (16, 4)]
+DECODE_SHAPES = [1, 2, 4, 8]
 
 
 def _inputs(seqs, prefill, fmt):
@@ -118,6 +124,8 @@ def run(h: Harness) -> None:
             print(f"torch.compile unavailable: {exc}")
             return None
 
+    if os.environ.get("COMPRESS_STORE_SWEEP", "0") == "1":
+        sweep()
     cp, cd = compiled(compress_store_prefill_torch), compiled(compress_store_decode_torch)
     for case, (num_reqs, fmt) in PREFILL_CASES.items():
         args, kw, nbytes = _prefill(num_reqs, fmt)
@@ -131,3 +139,26 @@ def run(h: Harness) -> None:
               compress_store_decode_torch, cd, tiny=batch * q <= TINY_TOKENS)
         del args, kw
         torch.cuda.empty_cache()
+
+
+def sweep() -> None:
+    """Launch-shape sweep of the fused kernel (COMPRESS_STORE_SWEEP=1)."""
+    import tilelang_ops.compress_store as cs
+
+    args, kw, nbytes = _prefill(256, FP8_MAIN_KV_FORMAT)
+    saved = cs.PREFILL_ROWS_PER_WARP, cs.WARPS, cs.DECODE_WARPS
+    try:
+        for rpw, warps in PREFILL_SHAPES:
+            cs.PREFILL_ROWS_PER_WARP, cs.WARPS = rpw, warps
+            us = time_us(lambda: cs.compress_store_prefill(*args, **kw))
+            print(f"SWEEP {OP} tokens1048576_fp8 rows_per_warp={rpw} warps={warps} us={us:.1f} "
+                  f"GBps={nbytes / us / 1e3:.0f}")
+        del args, kw
+        torch.cuda.empty_cache()
+        args, kw, nbytes = _decode(4096, 6, FP8_MAIN_KV_FORMAT)
+        for warps in DECODE_SHAPES:
+            cs.DECODE_WARPS = warps
+            us = time_us(lambda: cs.compress_store_decode(*args, **kw))
+            print(f"SWEEP {OP} b4096q6_fp8 warps={warps} us={us:.1f} GBps={nbytes / us / 1e3:.0f}")
+    finally:
+        cs.PREFILL_ROWS_PER_WARP, cs.WARPS, cs.DECODE_WARPS = saved

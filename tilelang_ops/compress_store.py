@@ -49,9 +49,11 @@ from metadata.compress_store_args import (
 from tilelang_ops.kv_store import _TORCH_TO_TL, VEC, _dummy_norm, kernel_supports, make_row_store
 
 WARP = 32
-WARPS = 4  # warps (rows in flight) per CTA
-THREADS = WARPS * WARP
+# Launch shape (module-level so a benchmark sweep can change them between calls; they are static
+# arguments of the factories, so every value compiles its own kernel).
+WARPS = 4  # prefill warps per CTA
 PREFILL_ROWS_PER_WARP = 4  # amortizes the request search over a few rows
+DECODE_WARPS = 4  # decode warps (query tokens) per CTA
 F4 = 4  # FP32 elements per 16-byte vector access
 
 _FORMATS = {f.name: f for f in MAIN_BRANCH_FORMATS}
@@ -133,12 +135,13 @@ def make_row_io(dim: int):
 
 @tilelang.jit
 def compress_store_prefill_kernel(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
-                                  has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str):
+                                  has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
+                                  rows_per_warp: int = PREFILL_ROWS_PER_WARP, warps: int = WARPS):
     fmt = _FORMATS[fmt_name]
     dim = fmt.dim
     assert dim == WARP * VEC, dim
-    rpw = PREFILL_ROWS_PER_WARP
-    rows_per_cta = WARPS * rpw
+    rpw = rows_per_warp
+    rows_per_cta = warps * rpw
     half = rope_dim // 2
     row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype)
     gated_mean = make_gated_mean(r)
@@ -165,7 +168,7 @@ def compress_store_prefill_kernel(fmt_name: str, r: int, rope_dim: int, interlea
         eps: T.float32,
         search_steps: T.int32,  # ceil(log32(num_reqs))
     ):
-        with T.Kernel(T.ceildiv(rows, rows_per_cta), threads=THREADS) as bx:
+        with T.Kernel(T.ceildiv(rows, rows_per_cta), threads=warps * WARP) as bx:
             tx = T.get_thread_binding()
             lane = tx % WARP
             first_row = bx * rows_per_cta + (tx // WARP) * rpw
@@ -233,7 +236,8 @@ def compress_store_prefill_kernel(fmt_name: str, r: int, rope_dim: int, interlea
 
 @tilelang.jit
 def compress_store_decode_kernel(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
-                                 has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str):
+                                 has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
+                                 warps: int = DECODE_WARPS):
     fmt = _FORMATS[fmt_name]
     dim = fmt.dim
     assert dim == WARP * VEC, dim
@@ -260,10 +264,10 @@ def compress_store_decode_kernel(fmt_name: str, r: int, rope_dim: int, interleav
         out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [total_q, D] bf16 (or [1, D] dummy)
         eps: T.float32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens, WARPS), threads=THREADS) as bx:
+        with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as bx:
             tx = T.get_thread_binding()
             lane = tx % WARP
-            i = bx * WARPS + tx // WARP
+            i = bx * warps + tx // WARP
             sc = T.alloc_local([r, VEC], "float32")
             lt = T.alloc_local([r, VEC], "float32")
             x = T.alloc_local([VEC], "float32")
@@ -347,7 +351,7 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
     if dims.store.rows == 0:
         return
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
-    _prefill_kernel(*static)(
+    _prefill_kernel(*static, PREFILL_ROWS_PER_WARP, WARPS)(
         projected_kv.contiguous(), state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(),
         state_block_idx.contiguous(), cu_compressed.contiguous(), norm_weight.contiguous(), cos.contiguous(),
         sin.contiguous(), positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1), norm,
@@ -374,7 +378,7 @@ def compress_store_decode(projected_kv, state_cache, context_lens, state_block_i
     if dims.store.rows == 0:
         return
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
-    _decode_kernel(*static)(
+    _decode_kernel(*static, DECODE_WARPS)(
         projected_kv.contiguous(), state_cache, context_lens.contiguous(), state_block_idx.contiguous(),
         norm_weight.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous(),
         slot_mapping.contiguous(), kv_cache.view(-1), norm, float(eps))
