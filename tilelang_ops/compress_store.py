@@ -182,6 +182,8 @@ def compress_store_prefill_kernel(fmt_name: str, r: int, rope_dim: int, interlea
             step = T.alloc_var("int32")
             cnt = T.alloc_var("int32")
             req = T.alloc_var("int32")
+            posv = T.alloc_var("int64")
+            slotv = T.alloc_var("int64")
             if first_row < rows:
                 # req = the last i with cu_c[i] <= first_row: 32 candidates per step, one per lane; the
                 # lanes that pass form a prefix (cu_c rises), so their count locates the next span.
@@ -201,6 +203,8 @@ def compress_store_prefill_kernel(fmt_name: str, r: int, rope_dim: int, interlea
                     if row < rows:
                         if req + 1 < num_reqs and row >= cu_c[req + 1]:
                             req = req + 1
+                        posv = positions[row]  # issued before the inputs: their latencies overlap
+                        slotv = slots[row]
                         tok0 = cu_q[req]
                         e = ctx[req]
                         s = e - (cu_q[req + 1] - tok0)
@@ -221,9 +225,8 @@ def compress_store_prefill_kernel(fmt_name: str, r: int, rope_dim: int, interlea
                         else:  # placeholder (nc = 0): a zero row
                             for i in T.unroll(VEC):
                                 x[i] = T.float32(0)
-                        row_store(x, lane, weight, cos, sin, cache, out_norm, T.Cast("int64", positions[row]),
-                                  T.Cast("int64", slots[row]), ok, row, max_pos, cache_bytes // fmt.row_bytes,
-                                  eps)
+                        row_store(x, lane, weight, cos, sin, cache, out_norm, posv, slotv, ok, row, max_pos,
+                                  cache_bytes // fmt.row_bytes, eps)
                         # The first row's warp refreshes the ring after its reads: each lane writes the
                         # channels it read itself, so program order keeps old reads before new writes.
                         if ok and k_in == 0:
@@ -271,30 +274,41 @@ def compress_store_decode_kernel(fmt_name: str, r: int, rope_dim: int, interleav
             sc = T.alloc_local([r, VEC], "float32")
             lt = T.alloc_local([r, VEC], "float32")
             x = T.alloc_local([VEC], "float32")
+            nctx = T.alloc_local([r], "int32")
+            nsbi = T.alloc_local([r], "int32")
+            posv = T.alloc_var("int64")
+            slotv = T.alloc_var("int64")
             if i < num_tokens:
+                # Latency: every load whose address is known from i alone is issued up front (own
+                # inputs, neighbours' metadata, the row's position and slot), so a step costs two
+                # dependent trips to memory before the math: these, then the group's other inputs.
+                load_token(sc, lt, r - 1, projected_kv, i, lane)
+                for t in T.unroll(r - 1):
+                    nctx[t] = ctx[T.max(i - (r - 1 - t), 0)]
+                    nsbi[t] = sbi[T.max(i - (r - 1 - t), 0)]
+                posv = positions[i]
+                slotv = slots[i]
                 c = ctx[i]
                 slot = sbi[i]
                 p = c - 1
                 ok = c >= 1 and slot >= 0 and slot < num_slots
                 if ok:
-                    # This token's own inputs go to the ring first; no group of this step reads that
-                    # entry from the ring (in-step inputs come from projected_kv, capacity rule).
-                    load_token(sc, lt, r - 1, projected_kv, i, lane)
+                    # This token's own inputs go to the ring; no group of this step reads that entry
+                    # from the ring (in-step inputs come from projected_kv; capacity rule).
                     store_ring(state, slot, p % ring, sc, lt, r - 1, lane)
                 if ok and p % r == r - 1:
                     for t in T.unroll(r - 1):
                         back = r - 1 - t  # position p - back
-                        nb = T.max(i - back, 0)
-                        if i - back >= 0 and sbi[nb] == slot and ctx[nb] == c - back:
-                            load_token(sc, lt, t, projected_kv, nb, lane)  # an earlier token of this step
+                        if i - back >= 0 and nsbi[t] == slot and nctx[t] == c - back:
+                            load_token(sc, lt, t, projected_kv, i - back, lane)  # earlier token, this step
                         else:  # written by an earlier step
                             load_ring(sc, lt, t, state, slot, (p - back) % ring, lane)
                     gated_mean(sc, lt, x)
                 else:  # closes no group: a zero row
                     for j in T.unroll(VEC):
                         x[j] = T.float32(0)
-                row_store(x, lane, weight, cos, sin, cache, out_norm, T.Cast("int64", positions[i]),
-                          T.Cast("int64", slots[i]), ok, i, max_pos, cache_bytes // fmt.row_bytes, eps)
+                row_store(x, lane, weight, cos, sin, cache, out_norm, posv, slotv, ok, i, max_pos,
+                          cache_bytes // fmt.row_bytes, eps)
 
     return kernel
 
