@@ -6,7 +6,7 @@ kernel's own per-row ``@T.macro``, imported, not copied) normalizes, rotates, ca
 compressed row never travels through global memory; the ring is updated in the same launch.
 
 Work split: one warp per compressed row, lane ``l`` holding channels ``16 l .. 16 l + 15`` (the store
-macro's layout), 4 warps per CTA. Prefill warps take ``PREFILL_ROWS_PER_WARP`` consecutive rows; a
+macro's layout), ``WARPS`` warps per CTA. Prefill warps take ``PREFILL_ROWS_PER_WARP`` consecutive rows; a
 warp finds its first row's request with a 32-ary search over ``cu_compressed`` (each step one load per
 lane and a warp sum, ``ceil(log32(num_reqs))`` steps) and then steps forward row by row (every request
 owns at least one row). Decode has one row per query token.
@@ -23,8 +23,13 @@ Ring ordering (same guarantees as the compress kernel, SPEC 1.2-1.3):
 
 Arithmetic: the gated mean follows ``reference.compress`` operation by operation (max, ``expf`` of
 the difference, ascending sums, separate IEEE multiply and add, IEEE division, one BF16 RNE cast),
-so a row is bitwise the row of ``compress_*_torch`` on the GPU; the store arithmetic is the store
-kernel's (its docstring lists the one documented difference: the RMS sum-of-squares order).
+the same sequence as the compress kernel (which uses ``T.exp`` = ``expf`` and ``--fmad=false``), so
+the fused kernel's cache bytes, ring and out_norm are bitwise those of our two-kernel pipeline
+(``two_kernel_*`` below); the store arithmetic is the store kernel's own macro (its docstring lists
+the one documented difference from torch: the RMS sum-of-squares order). The compress kernel's gated
+mean cannot be imported: it is written inline in its prim_func for another thread layout (4 channels
+per thread, per-block metadata in shared memory); ``make_gated_mean`` is the same operation order
+for the store macro's layout (16 channels per lane).
 
 Metadata that is out of range (slots, tokens, requests) makes a row skip (no store, no out_norm, no
 ring write); it never reads or writes outside the tensors. Nothing is returned (see
