@@ -6,13 +6,21 @@ Top-k algorithm (one CTA of 1024 threads per row), exact and deterministic:
 * Scores map to order-preserving uint32 keys (fp32 bit trick; bf16 widened exactly; -0.0 folded onto
   +0.0 and every NaN onto 0xFFFFFFFF, so NaN ranks highest as in torch.topk). Same key as
   `reference.topk.order_key`.
-* Radix select on the key, 11 + 11 + 10 bits: each pass builds a 2048-bin shared histogram of the keys
-  that still match the known threshold prefix, and a block suffix scan finds the bin holding the k-th
-  largest key. It stops early when that bin is taken whole. There is no candidate buffer, so nothing can
-  overflow: a pass re-reads the row (from a shared-memory copy of the keys when the row fits in
-  `cache_cap`, else from global memory / L2).
-* Final ordered pass: a key above the threshold is taken; a key equal to it is taken iff fewer than
-  `need` equal keys precede it (block-wide ordered prefix counts with warp ballots), which gives ties to
+* Radix select on the key: the threshold (k-th largest key) lies in [lo, hi], first the whole uint32
+  range. Each pass builds a 2048-bin shared histogram of (key - lo) >> sh for the keys in [lo, hi]
+  (warp-aggregated adds, so concentrated scores do not serialize on one bin); a block suffix scan finds
+  the bin holding the threshold, and [lo, hi] becomes that bin intersected with [min, max] of the keys
+  that were in range (concentrated scores collapse to their spread at once; all-equal ties give the
+  exact key). At most 3 passes (2^32 -> 2^21 -> 2^10 -> 1 keys); it stops early when the bin is taken
+  whole or lo == hi.
+* Where keys come from: rows up to MAX_CACHE entries keep their keys in shared memory after the first
+  read. Longer rows are re-read from global memory until the keys >= lo fit
+  in CAND shared slots; they are then compacted once (key, index; in index order, through ordered
+  ballots), and the remaining passes run on that list. The capacity is checked against the exact count
+  *before* compacting, so nothing can overflow and no winner is dropped; when it never fits (heavy ties,
+  very concentrated scores) the passes simply keep reading the row: slower, still exact.
+* Final ordered pass: a key above hi is taken; a key in [lo, hi] is taken iff fewer than `kk` such keys
+  precede it (block-wide ordered prefix counts with warp ballots), which gives ties to
   the lower index. The write position is the ordered count of taken lanes before it, so the output is in
   **ascending index order** (unsorted and ``sorted_index`` are the same thing here); ``sorted=True``
   sorts the k lanes afterwards with a stable torch sort on the same key (extra launches).
@@ -41,14 +49,14 @@ PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
 
 THREADS = 1024  # one CTA per row
 WARPS = THREADS // 32
-BINS = 2048  # 11-bit radix digit
+RADIX_BITS = 11
+BINS = 1 << RADIX_BITS
+PASSES = 3  # the [lo, hi] range narrows from 2^32 keys to <= 2^21, <= 2^10, then 1
 UNROLL = 8  # row entries per thread per tile: independent loads in flight
 TILE = THREADS * UNROLL
-# Rows beyond the cache: once the keys at or above the threshold prefix number at most this many, they
-# are compacted (key, index) into shared memory and the row is not read again (64 KiB).
+# Rows beyond the cache: once the keys >= lo (above the threshold range or in it) number at most this
+# many, they are compacted (key, index) into shared memory and the row is not read again (64 KiB).
 CAND = 8192
-# (shift, bits) of the three radix digits, most significant first: 11 + 11 + 10 = 32 bits
-DIGITS = ((21, 11), (10, 11), (0, 10))
 # Rows up to this many entries keep their keys in shared memory between passes (128 KiB of keys).
 MAX_CACHE = 32768
 SMALL_CACHE = 4096  # short rows use a 16 KiB cache so several CTAs fit on an SM
@@ -94,6 +102,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             s_hist = T.alloc_shared([BINS], "int32")
             s_scan = T.alloc_shared([2, UNROLL, WARPS], "int32")
             s_sel = T.alloc_shared([4], "int32")
+            s_mm = T.alloc_shared([2, WARPS], "uint32")  # per-warp min / max of the matching keys
             s_keys = T.alloc_shared([cache], "uint32")  # whole-row key cache (cache_cap > 0)
             s_ck = T.alloc_shared([n_cand], "uint32")  # candidate keys, ascending index (cache_cap == 0)
             s_ci = T.alloc_shared([n_cand], "int32")  # their row indices
@@ -102,15 +111,20 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             inl = T.alloc_local([UNROLL], "int32")  # packed counts of lower lanes in the warp
 
             e = T.alloc_var("int32")
-            kk = T.alloc_var("int32")  # lanes still to find among keys matching the prefix
+            kk = T.alloc_var("int32")  # lanes still to find among the keys in [lo, hi]
             done = T.alloc_var("int32")
             take_all = T.alloc_var("int32")
             src = T.alloc_var("int32")  # where keys come from: 0 global row, 1 row cache, 2 candidates
             ne = T.alloc_var("int32")  # number of source entries
             cnt = T.alloc_var("int32")
-            pref = T.alloc_var("uint32")
-            shift = T.alloc_var("int32")
+            lo = T.alloc_var("uint32")  # the threshold key lies in [lo, hi]; keys above hi are taken
+            lo_bin = T.alloc_var("uint32")
+            hi_bin = T.alloc_var("uint64")
+            sh = T.alloc_var("int32")
+            hi = T.alloc_var("uint32")
             bv = T.alloc_var("uint32")
+            kmin = T.alloc_var("uint32")
+            kmax = T.alloc_var("uint32")
             peers = T.alloc_var("uint32")
             lt = T.alloc_var("uint32")
             dm = T.alloc_var("uint32")
@@ -137,8 +151,8 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             take_all = T.if_then_else(e <= k, 1, 0)
             done = take_all
             kk = k
-            pref = T.uint32(0)
-            shift = 0
+            lo = T.uint32(0)
+            hi = KEY_MAX
             src = 0
             ne = e
 
@@ -150,10 +164,14 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     if with_values:
                         values[row, ln] = T.Cast(in_dtype, val_fill)
 
-            for p, (sh, nbits) in enumerate(DIGITS):
+            for p in range(PASSES):
                 if done == 0:
+                    # bins of 2^sh keys over [lo, hi]: at most BINS of them (hi > lo while not done)
+                    sh = T.max(0, 21 - T.Cast("int32", T.clz(hi - lo)))
                     for q in T.serial(BINS // THREADS):
                         s_hist[q * THREADS + tx] = 0
+                    kmin = KEY_MAX
+                    kmax = ZERO
                     T.sync_threads()
                     for it in T.serial(T.ceildiv(ne, TILE)):
                         # all UNROLL loads first (memory-level parallelism), then the keys
@@ -182,8 +200,10 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                             i = it * TILE + u * THREADS + tx
                             bv = NO_BIN
                             if i < ne:
-                                if p == 0 or (kb[u] >> (sh + nbits)) == pref:
-                                    bv = (kb[u] >> sh) & T.uint32((1 << nbits) - 1)
+                                if T.And(kb[u] >= lo, kb[u] <= hi):
+                                    bv = (kb[u] - lo) >> T.Cast("uint32", sh)
+                                    kmin = T.min(kmin, kb[u])
+                                    kmax = T.max(kmax, kb[u])
                             # warp-aggregated add: concentrated scores hit one bin from every lane
                             peers = T.match_any_sync(bv)
                             if T.And(bv != NO_BIN, (peers & lt) == ZERO):
@@ -198,10 +218,20 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                         incl = incl + T.if_then_else(lane >= o, tmp, 0)
                     if lane == 31:
                         s_scan[0, 0, warp] = incl
+                    for o in (16, 8, 4, 2, 1):
+                        kmin = T.min(kmin, T.shfl_xor(kmin, o))
+                        kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                    if lane == 0:
+                        s_mm[0, warp] = kmin
+                        s_mm[1, warp] = kmax
                     T.sync_threads()
                     tmp = T.if_then_else(lane < warp, s_scan[0, 0, lane], 0)
+                    kmin = s_mm[0, lane]
+                    kmax = s_mm[1, lane]
                     for o in (16, 8, 4, 2, 1):
                         tmp = tmp + T.shfl_xor(tmp, o)
+                        kmin = T.min(kmin, T.shfl_xor(kmin, o))
+                        kmax = T.max(kmax, T.shfl_xor(kmax, o))
                     wpre = tmp + incl - c  # keys in bins above my two bins
                     if wpre < kk and kk <= wpre + h_hi:
                         s_sel[0] = BINS - 1 - 2 * tx
@@ -212,18 +242,24 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                         s_sel[1] = kk - wpre - h_hi
                         s_sel[2] = c - h_hi
                     T.sync_threads()
-                    pref = (pref << nbits) | T.Cast("uint32", s_sel[0])
+                    # the threshold is in the chosen bin and is one of the keys that were in [lo, hi], so
+                    # also within [kmin, kmax] of those: concentrated scores shrink the range at once,
+                    # all-equal ties give the exact key after one pass
+                    lo_bin = lo + (T.Cast("uint32", s_sel[0]) << T.Cast("uint32", sh))
+                    hi_bin = T.Cast("uint64", lo_bin) + ((T.uint64(1) << T.Cast("uint64", sh)) - T.uint64(1))
+                    hi = T.Cast("uint32", T.min(T.Cast("uint64", hi), hi_bin))  # 64-bit: no wrap-around
+                    lo = T.max(lo_bin, kmin)
+                    hi = T.min(hi, kmax)
                     kk = s_sel[1]
                     cnt = s_sel[2]
-                    shift = sh
-                    if cnt == kk:
-                        done = 1  # the threshold bin is taken whole: no need for lower digits
+                    if T.Or(cnt == kk, lo == hi):
+                        done = 1  # the threshold bin is taken whole, or the threshold key is exact
                     T.sync_threads()  # s_hist / s_sel / s_scan are rewritten next
                     if p == 0 and cache_cap > 0:
                         if e <= cache_cap:
                             src = 1  # later passes read the row's keys from shared memory
                     if p < 2 and cache_cap == 0:
-                        # keys at or above the prefix: (k - kk) above it + cnt in it. When they fit,
+                        # keys >= lo: (k - kk) above hi + cnt in [lo, hi]. When they fit,
                         # compact them once, in index order, so later passes never touch the row again.
                         if T.And(T.And(done == 0, src == 0), k - kk + cnt <= CAND):
                             run_def = 0
@@ -240,7 +276,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                         T.if_then_else(kb[u] >= SIGN, ~kb[u], kb[u] | SIGN))
                                 for u in T.unroll(UNROLL):
                                     i = it * TILE + u * THREADS + tx
-                                    cl[u] = T.if_then_else(T.And(i < ne, (kb[u] >> sh) >= pref), 1, 0)
+                                    cl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo), 1, 0)
                                     dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
                                     inl[u] = T.Cast("int32", T.popcount(dm & lt))
                                     if lane == 0:
@@ -262,7 +298,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                             src = 2
                             ne = T.min(run_def, CAND)
 
-            # ordered pass: take keys above the prefix, and the first kk keys equal to it
+            # ordered pass: take keys above hi, and the first kk keys in [lo, hi]
             run_def = 0
             run_tie = 0
             for it in T.serial(T.ceildiv(ne, TILE)):
@@ -287,9 +323,9 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     if i < ne:
                         if take_all != 0:
                             cl[u] = 1
-                        elif (kb[u] >> T.Cast("uint32", shift)) > pref:
+                        elif kb[u] > hi:
                             cl[u] = 1
-                        elif (kb[u] >> T.Cast("uint32", shift)) == pref:
+                        elif kb[u] >= lo:
                             cl[u] = TIE
                     dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
                     tm = T.Cast("uint32", T.ballot_sync(cl[u] == TIE))
