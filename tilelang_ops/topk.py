@@ -388,12 +388,12 @@ def _dummy(device, dtype, shape=(1,)):
 def _flat_scores(scores):
     """The [b, n] rows (unit column stride, any row stride) as one flat view + the row stride."""
     b, n = scores.shape
-    ld = scores.stride(0) if b > 1 else n
     if n > 1 and scores.stride(1) != 1:
         raise ValueError(f"scores must have unit column stride, got {scores.stride()}")
-    numel = (b - 1) * ld + n if b > 0 else 0
-    flat = scores.as_strided((max(numel, 1),), (1,)) if numel > 0 else scores.new_zeros(1)
-    return flat, ld
+    if b == 0 or n == 0:
+        return scores.new_zeros(1), 0  # nothing is read: every row has end = 0
+    ld = scores.stride(0) if b > 1 else n
+    return scores.as_strided(((b - 1) * ld + n,), (1,)), ld
 
 
 def _cache_cap(n: int) -> int:
@@ -418,6 +418,8 @@ def topk(scores, k, *, end=None, sorted=False, sorted_index=False, indices_type=
     if debug_checks_enabled():
         check_end_values(end, n)
     need_values = return_value or sorted
+    end = end.contiguous() if end is not None else None  # the kernel reads them with unit stride
+    output_idx_offset = output_idx_offset.contiguous() if output_idx_offset is not None else None
     values = torch.empty((b, k), dtype=scores.dtype, device=dev) if need_values else None
     indices = torch.empty((b, k), dtype=indices_type, device=dev)
     if b == 0:
@@ -470,6 +472,7 @@ def topk_to_slots(scores, k, *, end=None, candidate_blocks=None, candidate_block
                           candidate_block_size=candidate_block_size, block_size_c=block_size_c,
                           block_tables=block_tables)
     slots = torch.empty((b, k), dtype=torch.int32, device=dev)
+    end = end.contiguous() if end is not None else None
     if b == 0:
         return slots
     flat, ld = _flat_scores(scores)
@@ -538,6 +541,7 @@ def block_max_scores(scores, block_size, end=None):
         check_end_values(end, n)
     nblk = (n + block_size - 1) // block_size
     out = torch.empty((b, nblk), dtype=scores.dtype, device=dev)
+    end = end.contiguous() if end is not None else None
     if b == 0 or nblk == 0:
         return out
     flat, ld = _flat_scores(scores)
