@@ -98,11 +98,68 @@ def quantize_row(row: torch.Tensor, fmt: KVCacheFormat) -> tuple[torch.Tensor, t
 # Stages (each returns BF16), on [..., dim] so the twin can call them on a batch.
 # ----------------------------------------------------------------------------------------------
 
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """y = x * rsqrt(mean(x^2) + eps) * float(w), FP32 math, BF16 result."""
+RMS_CHUNK = 16  # elements per partial sum of squares (one kernel lane's registers)
+
+
+def rms_sum_of_squares(row: torch.Tensor) -> torch.Tensor:
+    """sum(x[k]^2) of one row [dim] in the fixed FP32 order that the kernel computes (0-d fp32).
+
+    1. Chunks of 16 consecutive elements: ``p = x0*x0; p = p + x1*x1; ...; p = p + x15*x15``, left
+       to right, every product rounded to FP32 before its add (no FMA).
+    2. The ``dim/16`` partial sums are combined by pairwise halving,
+       ``p = [p[i] + p[i + h] for i in range(h)]`` with h = n/2, n/4, ..., 1 (the kernel's
+       xor-butterfly shuffles 16, 8, 4, 2, 1 across the lanes of a row).
+    The order is part of the contract: a different order changes the sum's last bit now and then,
+    which can flip a BF16 rounding of the norm stage (and RoPE's a*cos - b*sin amplifies that).
+    """
+    xf = row.float()
+    dim = xf.shape[0]
+    assert dim % RMS_CHUNK == 0 and (dim // RMS_CHUNK) & (dim // RMS_CHUNK - 1) == 0, dim
+    partial = []
+    for c in range(0, dim, RMS_CHUNK):
+        p = xf[c] * xf[c]
+        for k in range(c + 1, c + RMS_CHUNK):
+            p = p + xf[k] * xf[k]
+        partial.append(p)
+    while len(partial) > 1:
+        h = len(partial) // 2
+        partial = [partial[i] + partial[i + h] for i in range(h)]
+    return partial[0]
+
+
+def rms_sum_of_squares_torch(x: torch.Tensor) -> torch.Tensor:
+    """``rms_sum_of_squares`` for every row of [..., dim] at once (same FP32 operations, same order);
+    returns [..., 1] fp32."""
     xf = x.float()
-    var = (xf * xf).mean(-1, keepdim=True)
-    return (xf * torch.rsqrt(var + eps) * weight.float()).to(torch.bfloat16)
+    sq = (xf * xf).reshape(*x.shape[:-1], x.shape[-1] // RMS_CHUNK, RMS_CHUNK)
+    p = sq[..., 0]
+    for k in range(1, RMS_CHUNK):
+        p = p + sq[..., k]
+    while p.shape[-1] > 1:
+        h = p.shape[-1] // 2
+        p = p[..., :h] + p[..., h:]
+    return p
+
+
+def _rms_scale(xf: torch.Tensor, ss: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """y = bf16((x * inv) * w) with inv = 1 / sqrt(ss / dim + eps): IEEE-rounded division and sqrt
+    (not rsqrt, which is approximate on CUDA); ``ss / dim`` is exact scaling for a power-of-two dim."""
+    one = torch.ones((), dtype=torch.float32, device=xf.device)
+    inv = one / torch.sqrt(ss / xf.shape[-1] + eps)
+    return (xf * inv * weight.float()).to(torch.bfloat16)
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """One row [dim]: y = x * (1 / sqrt(mean(x^2) + eps)) * float(w), FP32 math in the fixed order of
+    ``rms_sum_of_squares``, BF16 result."""
+    xf = x.float()
+    return _rms_scale(xf, rms_sum_of_squares(xf), weight, eps)
+
+
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``rms_norm_ref`` for every row of [..., dim] at once (same operations, same order)."""
+    xf = x.float()
+    return _rms_scale(xf, rms_sum_of_squares_torch(xf), weight, eps)
 
 
 def apply_rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int,
@@ -244,7 +301,7 @@ def store_stages_torch(kv, norm_weight, eps, cos, sin, positions, fmt, *, rope_d
                        hadamard=False):
     """The compute part for every row: (norm stage bf16 [rows, dim], data, scales). Positions must be
     valid for every row (callers clamp skipped rows' positions)."""
-    y = rms_norm_ref(kv, norm_weight, eps)
+    y = rms_norm_torch(kv, norm_weight, eps)
     pos = positions.long()
     z = apply_rope_ref(y, cos[pos], sin[pos], rope_dim, interleaved)
     if hadamard:

@@ -10,8 +10,11 @@ store), 8 packed FP4 bytes (8-byte store) or 32 BF16 bytes (two 16-byte stores);
 Arithmetic matches ``reference.kv_store`` operation by operation: RoPE products/sums and the scale
 divisions use IEEE round-to-nearest intrinsics so nvcc cannot contract them into FMAs; the Hadamard
 butterflies run in the reference's order (h = 1, 2, 4, ... with lo + hi / lo - hi); FP32 constants are
-built from their bit patterns. Only the order of the RMS sum of squares differs from torch (tests
-allow the resulting rare one-step code flips). e4m3 codes come from the native conversion
+built from their bit patterns. The RMS sum of squares runs in the contract's fixed order
+(``reference.kv_store.rms_sum_of_squares``): each lane sums its 16 products left to right, then the
+xor-butterfly shuffles 16, 8, 4, 2, 1 (index rows: 4, 2, 1) are exactly the reference's pairwise
+halving ``p[i] + p[i + h]`` (lane i and lane i ^ h add the same two values; FP32 addition commutes), and
+``inv = 1 / sqrt(ss / dim + eps)`` uses IEEE sqrt and division: results are bitwise equal. e4m3 codes come from the native conversion
 (``cvt.rn.satfinite``: RNE, keeps the sign of zero) after an explicit clamp; e2m1 codes are computed
 with midpoint thresholds (sm_90 has no e2m1 conversion instruction).
 

@@ -1,11 +1,14 @@
 """kv_store cases for `python -m tilelang_ops diff` (see tilelang_ops/diff.py).
 
-Comparison rules (SPEC 4): bytes outside the stored rows bitwise (sentinels must survive). Stored
-rows: the kernel's FP32 sum of squares runs in a different order than torch's, and one FP32 ulp of
-rstd can flip a BF16 rounding and hence a code or (rarely) a group scale; allowed are codes and
-scale bytes one step away, in at most 0.1% of codes / scales. out_norm: within one BF16 ulp, at most
-0.1% differing. The `exact` cases (|x| = 1, eps = 0, position 0) have exact arithmetic: bitwise.
-Loop reference vs twin (CPU self-check): bitwise.
+Comparison rules (SPEC 4): kernel vs loop reference **bitwise** for every case: the whole cache
+(payload, scales, and the sentinel bytes outside the stored rows) and out_norm. Both run the same FP32
+operations in the same order (the sum of squares in ``reference.kv_store.rms_sum_of_squares``' fixed
+order, IEEE sqrt and division, RoPE / scale arithmetic without FMA). Loop reference vs twin (CPU
+self-check): bitwise.
+
+``compare_store`` / ``compare_norm`` (one step at most, in at most 0.1% of codes / scales / elements;
+unwritten bytes bitwise) are the tolerant rules kept for ``compress_store``'s tests, whose gated mean
+(expf) may move a rounding before the store; kv_store itself no longer needs them.
 """
 
 from __future__ import annotations
@@ -143,16 +146,14 @@ def run_case(case_id: str, device):
     """Kernel vs loop reference on CUDA."""
     from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
 
-    (kv, w, eps, cos, sin, pos, slots, cache, fmt), kw, exact = make_inputs(case_id, device)
+    (kv, w, eps, cos, sin, pos, slots, cache, fmt), kw, _exact = make_inputs(case_id, device)
     want, want_norm = cache.clone(), kw["out_norm"].clone()
     norm_rope_hadamard_cast_store_ref(kv, w, eps, cos, sin, pos, slots, want, fmt,
                                       **{**kw, "out_norm": want_norm})
     norm_rope_hadamard_cast_store(kv, w, eps, cos, sin, pos, slots, cache, fmt, **kw)
     torch.cuda.synchronize()
-    if exact:
-        return [compare_bitwise("kv_cache", cache, want),
-                compare_bitwise("out_norm", kw["out_norm"], want_norm)]
-    return compare_store(cache, want, fmt, slots) + [compare_norm(kw["out_norm"], want_norm)]
+    # bitwise for every case (module docstring); `exact` cases additionally need no rounding at all
+    return [compare_bitwise("kv_cache", cache, want), compare_bitwise("out_norm", kw["out_norm"], want_norm)]
 
 
 def build_check():
