@@ -53,14 +53,16 @@ def ue8m0_scale(amax: torch.Tensor, qmax: float) -> tuple[torch.Tensor, torch.Te
     ``bits(sf) = (bits(sf) + 0x7FFFFF) & 0x7F800000`` rounds the FP32 quotient up to a power of two
     by its bits (an exact power of two stays); the byte is the biased exponent ``bits >> 23``.
     """
-    sf = amax.float() / torch.tensor(qmax, dtype=torch.float32)
+    # the divisor lives on amax's device: CUDA torch turns a division by a CPU scalar into a multiply
+    # by its reciprocal (not correctly rounded), a tensor divisor gets IEEE division
+    sf = amax.float() / torch.tensor(qmax, dtype=torch.float32, device=amax.device)
     bits = (sf.view(torch.int32).long() + 0x7FFFFF) & 0x7F800000
     return bits.to(torch.int32).view(torch.float32), (bits >> 23).to(torch.uint8)
 
 
 def e4m3_scale(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """e4m3 scale of FP4 main rows: ``sf = e4m3_rne(amax / 6)``; returns (float(sf), its byte)."""
-    byte = cast_to_e4m3_bits(amax.float() / torch.tensor(E2M1_MAX, dtype=torch.float32))
+    byte = cast_to_e4m3_bits(amax.float() / torch.tensor(E2M1_MAX, dtype=torch.float32, device=amax.device))
     return byte.view(torch.float8_e4m3fn).float(), byte
 
 
