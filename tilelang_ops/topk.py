@@ -17,8 +17,11 @@ Top-k algorithm (one CTA of 1024 threads per row), exact and deterministic:
   read. Longer rows are re-read from global memory until the keys >= lo fit
   in CAND shared slots; they are then compacted once (key, index; in index order, through ordered
   ballots), and the remaining passes run on that list. The capacity is checked against the exact count
-  *before* compacting, so nothing can overflow and no winner is dropped; when it never fits (heavy ties,
-  very concentrated scores) the passes simply keep reading the row: slower, still exact.
+  *before* compacting, so nothing can overflow and no winner is dropped; when it never fits (heavy ties)
+  the passes simply keep reading the row: slower, still exact. Speculation: long rows first estimate a
+  lower bound of the threshold from a sample (8 chunks of 1024 spread over the row) and pass 0 compacts
+  the keys above it on the fly; when that list turns out to hold >= k and <= CAND keys (checked exactly)
+  the row is read only once (+ the sample), else it is ignored.
 * Final ordered pass: a key above hi is taken; a key in [lo, hi] is taken iff fewer than `kk` such keys
   precede it (block-wide ordered prefix counts with warp ballots), which gives ties to
   the lower index. The write position is the ordered count of taken lanes before it, so the output is in
@@ -142,6 +145,10 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             pos = T.alloc_var("int32")
             j = T.alloc_var("int64")
             oi = T.alloc_var("int32")
+            spec = T.alloc_var("int32")  # 1 while pass 0 also compacts the keys >= lo_est
+            spec_n = T.alloc_var("int32")  # exact count of keys >= lo_est seen so far
+            lo_est = T.alloc_var("uint32")
+            kt = T.alloc_var("int32")
 
             base = T.Cast("int64", row) * ld
             lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)  # lanes below mine
@@ -163,6 +170,74 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     indices[row, ln] = T.Cast(idx_dtype, idx_fill)
                     if with_values:
                         values[row, ln] = T.Cast(in_dtype, val_fill)
+
+            spec = 0
+            spec_n = 0
+            lo_est = ZERO
+            if cache_cap == 0:
+                # Long rows: guess a lower bound lo_est of the threshold from a sample (8 chunks of 1024
+                # entries spread over the row), so that pass 0 can also compact the keys >= lo_est. The
+                # guess is verified exactly at the end of pass 0 (k <= count <= CAND), else unused.
+                if T.And(done == 0, e > 2 * TILE):
+                    for u in T.unroll(UNROLL):
+                        kb[u] = T.reinterpret(
+                            "uint32", T.Cast("float32", scores[base + u * (e // UNROLL) + tx]))
+                    for u in T.unroll(UNROLL):
+                        kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
+                        kb[u] = T.if_then_else(
+                            (kb[u] & ABS) > INF_BITS, KEY_MAX,
+                            T.if_then_else(kb[u] >= SIGN, ~kb[u], kb[u] | SIGN))
+                    kmin = KEY_MAX
+                    kmax = ZERO
+                    for u in T.unroll(UNROLL):
+                        kmin = T.min(kmin, kb[u])
+                        kmax = T.max(kmax, kb[u])
+                    for o in (16, 8, 4, 2, 1):
+                        kmin = T.min(kmin, T.shfl_xor(kmin, o))
+                        kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                    if lane == 0:
+                        s_mm[0, warp] = kmin
+                        s_mm[1, warp] = kmax
+                    for q in T.serial(BINS // THREADS):
+                        s_hist[q * THREADS + tx] = 0
+                    T.sync_threads()
+                    kmin = s_mm[0, lane]
+                    kmax = s_mm[1, lane]
+                    for o in (16, 8, 4, 2, 1):
+                        kmin = T.min(kmin, T.shfl_xor(kmin, o))
+                        kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                    lo_est = kmin
+                    if kmin != kmax:
+                        sh = T.max(0, 21 - T.Cast("int32", T.clz(kmax - kmin)))
+                        for u in T.unroll(UNROLL):
+                            bv = (kb[u] - kmin) >> T.Cast("uint32", sh)
+                            peers = T.match_any_sync(bv)
+                            if (peers & lt) == ZERO:
+                                T.atomic_add(s_hist[T.Cast("int32", bv)], T.Cast("int32", T.popcount(peers)))
+                        T.sync_threads()
+                        # bin of the kt-th largest sample: kt ~ 1.25x the expected winners in a sample
+                        kt = T.min(TILE, (k * TILE) // e + (k * TILE) // e // 4 + 64)
+                        h_hi = s_hist[BINS - 1 - 2 * tx]
+                        c = h_hi + s_hist[BINS - 2 - 2 * tx]
+                        incl = c
+                        for o in (1, 2, 4, 8, 16):
+                            tmp = T.shfl_up(incl, o)
+                            incl = incl + T.if_then_else(lane >= o, tmp, 0)
+                        if lane == 31:
+                            s_scan[0, 0, warp] = incl
+                        T.sync_threads()
+                        tmp = T.if_then_else(lane < warp, s_scan[0, 0, lane], 0)
+                        for o in (16, 8, 4, 2, 1):
+                            tmp = tmp + T.shfl_xor(tmp, o)
+                        wpre = tmp + incl - c
+                        if wpre < kt and kt <= wpre + h_hi:
+                            s_sel[0] = BINS - 1 - 2 * tx
+                        if wpre + h_hi < kt and kt <= wpre + c:
+                            s_sel[0] = BINS - 2 - 2 * tx
+                        T.sync_threads()
+                        lo_est = kmin + (T.Cast("uint32", s_sel[0]) << T.Cast("uint32", sh))
+                    spec = 1
+                    T.sync_threads()  # s_hist / s_mm / s_scan / s_sel are reused by pass 0
 
             for p in range(PASSES):
                 if done == 0:
@@ -208,6 +283,29 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                             peers = T.match_any_sync(bv)
                             if T.And(bv != NO_BIN, (peers & lt) == ZERO):
                                 T.atomic_add(s_hist[T.Cast("int32", bv)], T.Cast("int32", T.popcount(peers)))
+                        if cache_cap == 0:
+                            if spec == 1:
+                                # pass 0 of a long row: ordered compaction of the keys >= lo_est
+                                for u in T.unroll(UNROLL):
+                                    i = it * TILE + u * THREADS + tx
+                                    cl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo_est), 1, 0)
+                                    dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
+                                    inl[u] = T.Cast("int32", T.popcount(dm & lt))
+                                    if lane == 0:
+                                        s_scan[it % 2, u, warp] = T.Cast("int32", T.popcount(dm))
+                                T.sync_threads()
+                                for u in T.unroll(UNROLL):
+                                    i = it * TILE + u * THREADS + tx
+                                    wtot = s_scan[it % 2, u, lane]
+                                    tmp = T.if_then_else(lane < warp, wtot, 0)
+                                    for o in (16, 8, 4, 2, 1):
+                                        tmp = tmp + T.shfl_xor(tmp, o)
+                                        wtot = wtot + T.shfl_xor(wtot, o)
+                                    pos = spec_n + tmp + inl[u]
+                                    if T.And(cl[u] == 1, pos < CAND):
+                                        s_ck[pos] = kb[u]
+                                        s_ci[pos] = i
+                                    spec_n = spec_n + wtot
                     T.sync_threads()
                     # thread t owns bins BINS-1-2t (higher) and BINS-2-2t; scan in descending bin order
                     h_hi = s_hist[BINS - 1 - 2 * tx]
@@ -258,6 +356,14 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     if p == 0 and cache_cap > 0:
                         if e <= cache_cap:
                             src = 1  # later passes read the row's keys from shared memory
+                    if cache_cap == 0:
+                        if spec == 1:
+                            # at least k keys >= lo_est: the k-th largest (the threshold) is >= lo_est, so
+                            # every winner is in the compacted list (also when `done` already)
+                            if T.And(spec_n >= k, spec_n <= CAND):
+                                src = 2
+                                ne = spec_n
+                            spec = 0
                     if p < 2 and cache_cap == 0:
                         # keys >= lo: (k - kk) above hi + cnt in [lo, hi]. When they fit,
                         # compact them once, in index order, so later passes never touch the row again.
