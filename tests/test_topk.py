@@ -465,6 +465,12 @@ GPU_CASES = (
         GpuCase("randn", 4, 1 << 20, 100, "zero"),
         GpuCase("special", 64, 65536, 1, "random"),
         GpuCase("equal", 7, 4096, 4096, "random", mode="sorted"),
+        # long rows: sampled threshold estimate holds (randn, conc) or fails (sorted rows, heavy ties)
+        GpuCase("sorted", 4, 131072, 2048),
+        GpuCase("ascending", 4, 131072, 4096, mode="sorted"),
+        GpuCase("tiny", 3, 1 << 20, 4096, "random"),
+        GpuCase("special", 3, 200000, 3000, "random", "bf16"),
+        GpuCase("randn", 5, 40000, 4096, "random", mode="sorted_index"),
     ]
 )
 
