@@ -151,6 +151,38 @@ def test_e2m1_random_vs_exhaustive_rne():
         assert g == _nearest_even(v, table, 6.0), v
 
 
+def e2m1_codes_kernel_expression(x: torch.Tensor) -> torch.Tensor:
+    """The kernel's e2m1 encode (tilelang_ops/kv_store.py), ported op for op to torch: a = min(|x|, 6);
+    t = a + M (one FP32 add, RNE) with M = 2^22 / 2^23 / 2^24 below 2 / below 4 / above;
+    code = bits(t) - (bits(M) - {0, 2, 4}); sign bit = bit 31 of x moved to bit 3."""
+    mag = x.abs().clamp_max(6.0)
+    lt2, lt4 = mag < 2.0, mag < 4.0
+    m = torch.where(lt2, 2.0 ** 22, torch.where(lt4, 2.0 ** 23, 2.0 ** 24)).float()
+    k = torch.where(lt2, 0x4A800000, torch.where(lt4, 0x4B000000 - 2, 0x4B800000 - 4))
+    code = (mag + m).view(torch.int32).long() - k
+    sign = (x.view(torch.int32).long() >> 28) & 8
+    return (code | sign).to(torch.uint8)
+
+
+def test_e2m1_kernel_expression_exhaustive():
+    """Every FP32 value with 2^-3 <= |x| < 8 (all 2^23 mantissas of each exponent, both signs), every
+    tiny magnitude class below that (a stride through the patterns) and the specials: the kernel's
+    threshold-free encode equals the midpoint-threshold reference code for code."""
+    lo, hi = 0x3E000000, 0x41000000  # bits of 2^-3 and 8.0
+    chunk = 1 << 23
+    for start in range(lo, hi, chunk):
+        bits = torch.arange(start, min(start + chunk, hi), dtype=torch.int64)
+        for sign in (0, -(1 << 31)):
+            x = (bits + sign).to(torch.int32).view(torch.float32)
+            want, got = cast_to_e2m1_codes(x), e2m1_codes_kernel_expression(x)
+            assert torch.equal(got, want), x[(got != want).nonzero()[:5].flatten()].tolist()
+    small = torch.arange(0, lo, 997, dtype=torch.int64)  # 0 and subnormals up to 2^-3 (all code 0)
+    big = torch.arange(hi, 0x7F800001, 1009, dtype=torch.int64)  # 8 .. inf (all code 7)
+    x = torch.cat([small, big]).to(torch.int32).view(torch.float32)
+    x = torch.cat([x, -x, f32([0.0, -0.0, float("inf"), -float("inf"), 6.0, -6.0, 2.0**-149])])
+    assert torch.equal(e2m1_codes_kernel_expression(x), cast_to_e2m1_codes(x))
+
+
 def test_ue8m0_random_vs_log2():
     amax = torch.rand(2000) * torch.exp2(torch.randint(-60, 60, (2000,)).float())
     for qmax in (448.0, 6.0):
