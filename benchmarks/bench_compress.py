@@ -87,7 +87,7 @@ def run(h) -> None:
         comp = None
         if compiled_prefill is not None:
             comp = _peer_us(lambda: compiled_prefill(*args, num_rows=rows), time_us)  # noqa: B023
-        h.report(OP, f"prefill_{case}", nbytes, us, eager_us=eager, compile_us=comp)
+        h.report(OP, case, nbytes, us, eager_us=eager, compile_us=comp)
         del x, state, args
         torch.cuda.empty_cache()
 
@@ -100,4 +100,4 @@ def run(h) -> None:
         comp = None
         if compiled_decode is not None:
             comp = _peer_us(lambda: compiled_decode(*args), time_graph_us)  # noqa: B023
-        h.report(OP, f"decode_b{batch}q{q}", nbytes, us, eager_us=eager, compile_us=comp)
+        h.report(OP, f"b{batch}q{q}", nbytes, us, eager_us=eager, compile_us=comp)

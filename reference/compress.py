@@ -168,6 +168,16 @@ def compress_ref(projected_kv, state_cache, metadata, compress_ratio, is_prefill
 # ----------------------------------------------------------------------------------------------
 
 
+@torch.compiler.disable
+def _segment_of(cu: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Segment of each flat index given offsets ``cu`` [n + 1]: the largest i with cu[i] <= idx.
+
+    Kept out of torch.compile graphs: Inductor (torch 2.11, CUDA) cannot lower searchsorted over a
+    sliced boundary tensor, and this is index bookkeeping, not the bytes the peer is timed on.
+    """
+    return torch.searchsorted(cu[1:], idx, right=True)
+
+
 def _gated_mean_gathered(x: torch.Tensor, dim: int) -> torch.Tensor:
     """x [rows, r, 2 * D] fp32 (score, latent per position) -> z [rows, D] fp32, loop order."""
     r = x.shape[1]
@@ -190,7 +200,7 @@ def compress_prefill_torch(projected_kv, state_cache, cu_seqlens_q, context_lens
     table = torch.cat([projected_kv, ring_rows])
 
     row = torch.arange(rows, device=dev)
-    req = torch.searchsorted(cu_c[1:], row, right=True).clamp_max(max(dims.num_reqs - 1, 0))
+    req = _segment_of(cu_c, row).clamp_max(max(dims.num_reqs - 1, 0))
     k = row - cu_c[req]
     valid = k < nc[req]
     pos = ((s[req] // r + k) * r)[:, None] + torch.arange(r, device=dev)  # [rows, r]
@@ -204,7 +214,7 @@ def compress_prefill_torch(projected_kv, state_cache, cu_seqlens_q, context_lens
 
     # Ring writes after all reads: the newest min(len, S) tokens of each chunk.
     tok_all = torch.arange(dims.num_tokens, device=dev)
-    treq = torch.searchsorted(cu_q[1:], tok_all, right=True)
+    treq = _segment_of(cu_q, tok_all)
     p = s[treq] + tok_all - cu_q[treq]
     keep = p >= e[treq] - ring
     dst = slot[treq] * ring + p % ring
