@@ -114,25 +114,36 @@ def topk_torch(scores, k, *, end=None, sorted=False, sorted_index=False, indices
 def block_max_scores_ref(scores, block_size, end=None):
     """out[r, j] = max(scores[r, i] for i in block j if i < end[r]); -inf if none; NaN if any is NaN.
 
-    scores: [b, n] fp32/bf16; end: [b] int32 or None. Returns [b, ceil(n / block_size)] scores.dtype.
+    The result is a copy of one input element (no arithmetic): the first NaN of the block if it has
+    one (its exact bits: sign and payload kept), else the first of the equal maxima (so -0.0 vs +0.0
+    is decided by position). scores: [b, n] fp32/bf16; end: [b] int32 or None.
+    Returns [b, ceil(n / block_size)] scores.dtype.
     """
     b, n = check_block_max_args(scores, block_size, end)
     check_end_values(end, n)
     nblk = (n + block_size - 1) // block_size
-    out = torch.full((b, nblk), float("-inf"), dtype=scores.dtype)
     rows = scores.detach().cpu().float().tolist()
     ends = [n] * b if end is None else end.cpu().tolist()
+    pick = [[-1] * nblk for _ in range(b)]  # index of the chosen element, -1: no valid entry
     for r in range(b):
         for j in range(nblk):
             best = float("-inf")
             for i in range(j * block_size, min((j + 1) * block_size, ends[r])):
                 v = rows[r][i]
                 if math.isnan(v):
-                    best = v
+                    pick[r][j] = i
                     break
-                best = max(best, v)
-            out[r, j] = best
-    return out.to(scores.device)
+                if pick[r][j] < 0 or v > best:
+                    best, pick[r][j] = v, i
+    pick = torch.tensor(pick, dtype=torch.int64).reshape(b, nblk)
+    # select on the integer bit pattern: the element's bits are copied exactly (a NaN keeps its sign
+    # and payload; a CPU gather on bf16 values may canonicalize NaNs)
+    ibits = torch.int32 if scores.dtype == torch.float32 else torch.int16
+    src = scores.detach().cpu().contiguous().view(ibits)
+    picked = src.gather(1, pick.clamp(min=0)) if n else src.new_zeros((b, nblk))
+    neg_inf = torch.full((1,), float("-inf"), dtype=scores.dtype).view(ibits)
+    out = torch.where(pick >= 0, picked, neg_inf)
+    return out.view(scores.dtype).to(scores.device)
 
 
 def restore_candidate_indices_ref_(index, candidate_blocks, block_size):

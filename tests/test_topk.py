@@ -269,6 +269,34 @@ def test_block_max_scores_ref():
     compare_bitwise("block_max", out, padded.amax(-1)).check()  # amax propagates NaN
 
 
+def with_nan_payloads(x: torch.Tensor, step: int) -> torch.Tensor:
+    """Every `step`-th element becomes a NaN with a sign and payload of its own (bits differ from the
+    canonical NaN), so a kernel that canonicalizes NaNs (a float round trip) is caught."""
+    ibits = torch.int32 if x.dtype == torch.float32 else torch.int16
+    nans = [0x7FC00001, -0x3FFFFF, 0x7F800003] if x.dtype == torch.float32 else [0x7FC1, -0x3F, 0x7F83]
+    flat = x.clone().view(ibits).reshape(-1)
+    for j, bits in enumerate(nans):
+        flat[j * 11::step * len(nans)] = bits  # -0x3FFFFF = 0xFFC00001, -0x3F = 0xFFC1: negative NaNs
+    return flat.reshape(x.shape).view(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_max_scores_ref_nan_bits(dtype):
+    ibits = torch.int32 if dtype == torch.float32 else torch.int16
+    x = with_nan_payloads(make_scores("randn", 2, 64, dtype), step=5)
+    assert torch.isnan(x).sum() > 4
+    out = block_max_scores_ref(x, 8)
+    # contract: the first NaN of a block, bit for bit; else the first of the maxima
+    for r in range(2):
+        for j in range(8):
+            blk = x[r, j * 8:(j + 1) * 8]
+            nan_at = torch.isnan(blk).nonzero()
+            at = int(nan_at[0]) if len(nan_at) else int(torch.argmax(blk.float()))
+            assert out[r, j:j + 1].view(ibits).item() == blk[at:at + 1].view(ibits).item()
+    z = torch.tensor([[-0.0, 0.0, -1.0, 0.0, -0.0, -2.0]], dtype=dtype)  # ties: the first one's sign
+    assert torch.signbit(block_max_scores_ref(z, 3)).tolist() == [[True, False]]
+
+
 def test_restore_candidate_indices_ref():
     idx = torch.tensor([[0, 5, 9, -1], [15, -1, -1, -1]], dtype=torch.int32)
     blocks = torch.tensor([[4, 2], [7, -1]], dtype=torch.int32)
@@ -562,8 +590,9 @@ def test_gpu_block_max_scores(dist, dtype):
     end = make_end("random", 7, 1000, 0, device="cuda")
     end[1] = 0
     x = poison_beyond_end(x, end)
+    x = with_nan_payloads(x, step=37)
     for bs in (8, 16, 7):
-        # max is exact (no arithmetic), NaN bits copied: bitwise
+        # max is a copy of one element (no arithmetic), the first NaN's exact bits: bitwise
         got = block_max_scores(x, bs, end)
         compare_bitwise("block_max", got, block_max_scores_ref(x, bs, end)).check()
     compare_bitwise("block_max full", block_max_scores(x, 16), block_max_scores_ref(x, 16)).check()

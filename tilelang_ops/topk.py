@@ -614,24 +614,29 @@ def block_max_kernel(block_size: int, in_dtype: str = "float32"):
             e = T.alloc_var("int32")
             best = T.alloc_var("float32")
             v = T.alloc_var("float32")
+            raw = T.alloc_var(in_dtype)
+            best_raw = T.alloc_var(in_dtype)  # the chosen element itself: its bits are copied out
             is_nan = T.alloc_var("int32")
             blk = bx * ELEM_THREADS + tx
             e = n
             if has_end != 0:
                 e = T.max(T.min(end[row], n), 0)
             best = NEG_INF
+            best_raw = T.Cast(in_dtype, NEG_INF)
             is_nan = 0
             if blk < nblk:
                 for q in T.serial(block_size):
                     i = blk * block_size + q
                     if T.And(i < e, is_nan == 0):
-                        v = T.Cast("float32", scores[row * ld + i])
+                        raw = scores[row * ld + i]
+                        v = T.Cast("float32", raw)  # exact widening, compares only
                         if (T.reinterpret("uint32", v) & T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000):
-                            best = v  # NaN wins; keep its bits
-                            is_nan = 1
-                        elif v > best:
+                            best_raw = raw  # the first NaN wins with its exact bits (a float round
+                            is_nan = 1  # trip would canonicalize a bf16 NaN)
+                        elif T.Or(q == 0, v > best):  # first of equal maxima (-0.0 vs +0.0)
                             best = v
-                out[row, blk] = T.Cast(in_dtype, best)
+                            best_raw = raw
+                out[row, blk] = best_raw
 
     return kernel
 
