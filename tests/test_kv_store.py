@@ -649,12 +649,16 @@ BUILD_CONFIGS = [
     ("fp4_index", 64, True, True, False, 64, "bfloat16", "int64", "int64"),
     ("fp4_index", 64, False, False, True, 5, "float32", "int32", "int32"),
     ("bf16", 64, True, False, False, 1, "bfloat16", "int64", "int64"),
+    # several rows per thread (large launches): the last field is rows_per_thread
+    ("fp8_main", 64, True, False, False, 1, "bfloat16", "int64", "int64", 2),
+    ("bf16", 64, False, False, True, 1, "float32", "int32", "int64", 2),
+    ("fp4_index", 64, True, True, False, 64, "bfloat16", "int64", "int64", 4),
 ]
 # the vector store each format must use for its payload (read from the generated CUDA)
 STORE_VECTOR = {"fp8_main": "*(uint4*)(cache", "fp4_main": "*(uint2*)(cache", "bf16": "*(uint4*)(cache"}
 
 
-@pytest.mark.parametrize("cfg", BUILD_CONFIGS, ids=lambda c: "_".join(map(str, c[:6])))
+@pytest.mark.parametrize("cfg", BUILD_CONFIGS, ids=lambda c: "_".join(map(str, c[:6] + c[9:])))
 def test_build_sm90(cfg):
     from tilelang_ops.build import compile_for_sm90
     from tilelang_ops.kv_store import kv_store_kernel
@@ -809,6 +813,27 @@ def test_kernel_vs_reference(case):
                                   interleaved=case.interleaved, hadamard=case.hadamard)
     _sync()
     compare_bitwise("determinism", cache2, cache).check()
+
+
+@requires_cuda
+@pytest.mark.parametrize("rpt", [1, 2, 4])
+@pytest.mark.parametrize("fmt_name", list(FORMATS))
+def test_kernel_rows_per_thread(fmt_name, rpt, monkeypatch):
+    """Every rows-per-thread variant (forced; the wrapper picks one by size) on an odd row count (a
+    partial last CTA, rows < R * rows_per_cta tails): bitwise equal to the oracle."""
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+
+    monkeypatch.setenv("KV_STORE_ROWS_PER_THREAD", str(rpt))
+    for rows in (3001, 7):
+        case = GpuCase(f"rpt{rpt}", fmt_name, rows, hadamard=fmt_name == "fp4_index")
+        fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
+        out_norm = torch.full((rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
+        want, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache.clone(), out_norm.clone())
+        norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, hadamard=case.hadamard,
+                                      out_norm=out_norm)
+        _sync()
+        compare_bitwise(f"kv_cache rows={rows}", cache, want.to(cache.device)).check()
+        compare_bitwise(f"out_norm rows={rows}", out_norm, want_norm.to(out_norm.device)).check()
 
 
 @requires_cuda

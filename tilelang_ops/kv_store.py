@@ -28,6 +28,7 @@ store; ``compress_store`` can call it on its compressed row.
 
 
 import functools
+import os
 import struct
 
 import tilelang
@@ -66,7 +67,8 @@ def kernel_supports(fmt: KVCacheFormat, rope_dim: int, interleaved: bool) -> str
 
 
 def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamard: bool,
-                   has_out_norm: bool, rows_per_block: int, weight_dtype: str):
+                   has_out_norm: bool, rows_per_block: int, weight_dtype: str,
+                   weight_in_registers: bool = False):
     """The per-row pipeline as a ``@T.macro`` (see the module docstring for the lane layout).
 
     Macro arguments: ``x`` local FP32 [16] (this lane's elements ``lane*16 .. lane*16+15`` of the
@@ -75,6 +77,9 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     scalars ``position``, ``slot`` (int64), ``row_ok`` (the row exists), ``out_row``, ``max_pos``,
     ``capacity`` (slots in the cache), ``eps`` (fp32). Every lane of the row must call it (it
     shuffles); rows with a bad slot or position are not stored (out_norm is still written).
+    With ``weight_in_registers`` the ``weight`` argument is instead a local FP32 [16] buffer already
+    holding ``float(w)`` of this lane's 16 channels (a kernel that stores several rows per thread
+    loads and converts it once).
     """
     dim = fmt.dim
     lanes = dim // VEC  # lanes per row
@@ -101,6 +106,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         sn = T.alloc_local([VEC], "float32")
         yb = T.alloc_local([VEC], "bfloat16")
         codes = T.alloc_local([VEC], "uint8")
+        f8 = T.alloc_local([VEC], "float8_e4m3fn")
         packed = T.alloc_local([out_bytes], "uint8")
         ss = T.alloc_var("float32")
         rstd = T.alloc_var("float32")
@@ -110,6 +116,21 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         sbyte = T.alloc_var("uint8")
         bits = T.alloc_var("uint32")
 
+        # ---- cos / sin of the rotated lanes, loaded first so their latency overlaps the norm. The
+        # position is clamped for the loads only (a bad position's row is not stored).
+        pos = T.min(T.max(T.Cast("int32", position), 0), max_pos - 1)
+        if lane >= rope0 // VEC:
+            if interleaved:  # this lane's 8 pairs start at pair (lane * 16 - rope0) / 2
+                for j in T.vectorized(VEC // 2):
+                    cs[j] = cos[pos, (lane * VEC - rope0) // 2 + j]
+                for j in T.vectorized(VEC // 2):
+                    sn[j] = sin[pos, (lane * VEC - rope0) // 2 + j]
+            else:  # a lane of either half uses pairs (lane * 16 - rope0) % half .. + 15
+                for j in T.vectorized(VEC):
+                    cs[j] = cos[pos, (lane % (half // VEC)) * VEC + j]
+                for j in T.vectorized(VEC):
+                    sn[j] = sin[pos, (lane % (half // VEC)) * VEC + j]
+
         # ---- RMSNorm: FP32 sum of squares over the row's lanes, y = bf16(x * rstd * w)
         ss = T.float32(0)
         for i in T.unroll(VEC):
@@ -117,11 +138,17 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         for k in T.unroll(log_lanes):
             ss = ss + T.shfl_xor(ss, lanes >> (k + 1))  # a + b == b + a: every lane gets the same sum
         rstd = T.ieee_fdiv(_f32(1.0), T.ieee_fsqrt(T.ieee_add(T.ieee_mul(ss, _f32(1.0 / dim)), eps)))
-        for v in T.unroll(VEC // wvec):
-            for i in T.vectorized(wvec):
-                wl[v * wvec + i] = weight[lane * VEC + v * wvec + i]
-        for i in T.unroll(VEC):
-            yb[i] = T.Cast("bfloat16", T.ieee_mul(T.ieee_mul(x[i], rstd), T.Cast("float32", wl[i])))
+        if weight_in_registers:
+            for i in T.unroll(VEC):
+                z[i] = T.ieee_mul(T.ieee_mul(x[i], rstd), weight[i])
+        else:
+            for v in T.unroll(VEC // wvec):
+                for i in T.vectorized(wvec):
+                    wl[v * wvec + i] = weight[lane * VEC + v * wvec + i]
+            for i in T.unroll(VEC):
+                z[i] = T.ieee_mul(T.ieee_mul(x[i], rstd), T.Cast("float32", wl[i]))
+        for i in T.vectorized(VEC):  # pairs: cvt.rn.bf16x2.f32
+            yb[i] = T.Cast("bfloat16", z[i])
         if has_out_norm:
             if row_ok:
                 for v in T.unroll(2):
@@ -130,38 +157,26 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         for i in T.unroll(VEC):
             y[i] = T.Cast("float32", yb[i])
 
-        # ---- RoPE on channels [rope0, dim); the position is clamped for the loads only
-        pos = T.min(T.max(T.Cast("int32", position), 0), max_pos - 1)
+        # ---- RoPE on channels [rope0, dim)
         if not interleaved:
             for k in T.unroll(VEC):  # every lane shuffles (no divergence before a shuffle)
                 oth[k] = T.shfl_xor(y[k], half // VEC)
         if lane >= rope0 // VEC:
-            off = lane * VEC - rope0
             if interleaved:
-                for j in T.vectorized(VEC // 2):
-                    cs[j] = cos[pos, off // 2 + j]
-                for j in T.vectorized(VEC // 2):
-                    sn[j] = sin[pos, off // 2 + j]
                 for j in T.unroll(VEC // 2):
                     z[2 * j] = T.ieee_sub(T.ieee_mul(y[2 * j], cs[j]), T.ieee_mul(y[2 * j + 1], sn[j]))
                     z[2 * j + 1] = T.ieee_add(T.ieee_mul(y[2 * j], sn[j]), T.ieee_mul(y[2 * j + 1], cs[j]))
             else:
-                if off < half:  # this lane holds a, the partner lane b
-                    for j in T.vectorized(VEC):
-                        cs[j] = cos[pos, off + j]
-                    for j in T.vectorized(VEC):
-                        sn[j] = sin[pos, off + j]
+                if (lane * VEC - rope0) < half:  # this lane holds a, the partner lane b
                     for j in T.unroll(VEC):
                         z[j] = T.ieee_sub(T.ieee_mul(y[j], cs[j]), T.ieee_mul(oth[j], sn[j]))
                 else:  # this lane holds b, the partner lane a
-                    for j in T.vectorized(VEC):
-                        cs[j] = cos[pos, off - half + j]
-                    for j in T.vectorized(VEC):
-                        sn[j] = sin[pos, off - half + j]
                     for j in T.unroll(VEC):
                         z[j] = T.ieee_add(T.ieee_mul(oth[j], sn[j]), T.ieee_mul(y[j], cs[j]))
+            for j in T.vectorized(VEC):
+                yb[j] = T.Cast("bfloat16", z[j])
             for j in T.unroll(VEC):
-                y[j] = T.Cast("float32", T.Cast("bfloat16", z[j]))
+                y[j] = T.Cast("float32", yb[j])
 
         # ---- Hadamard (H_n x) * n**-0.5: butterflies h = 1..8 in registers, h >= 16 across lanes
         if hadamard:
@@ -184,7 +199,11 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                 for j in T.unroll(VEC):
                     y[j] = oth[j] + y[j] * sgn
             for j in T.unroll(VEC):
-                y[j] = T.Cast("float32", T.Cast("bfloat16", T.ieee_mul(y[j], _f32(dim ** -0.5))))
+                z[j] = T.ieee_mul(y[j], _f32(dim ** -0.5))
+            for j in T.vectorized(VEC):
+                yb[j] = T.Cast("bfloat16", z[j])
+            for j in T.unroll(VEC):
+                y[j] = T.Cast("float32", yb[j])
 
         # ---- cast: one scale per group (a group spans 2 lanes or is a 16-element lane)
         if kind == "bf16":
@@ -206,16 +225,23 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                         ) & T.uint32(0x7F800000)
                 sf = T.reinterpret(bits, "float32")
                 sbyte = T.Cast("uint8", bits >> T.uint32(23))
+                # 1 / 2^(e - 127) = 2^(127 - e): biased exponent 254 - e, exact (no division). The
+                # amax floor keeps e >= 1 and a BF16 amax keeps e <= 253, so the result is normal.
+                inv = T.reinterpret(T.uint32(0x7F000000) - bits, "float32")
             else:
                 sf = T.Cast("float32",
                             T.Cast("float8_e4m3fn", T.min(T.ieee_fdiv(amax, _f32(6.0)), _f32(448.0))))
                 sbyte = T.reinterpret(T.Cast("float8_e4m3fn", sf), "uint8")
-            inv = T.ieee_fdiv(_f32(1.0), sf)
+                inv = T.ieee_fdiv(_f32(1.0), sf)
             if kind == "e4m3":
                 # cvt.rn.satfinite saturates to +-448 (= the clamp of SPEC 2 for every non-NaN value)
                 # and keeps the sign of a zero result
                 for j in T.unroll(VEC):
-                    packed[j] = T.reinterpret(T.Cast("float8_e4m3fn", T.ieee_mul(y[j], inv)), "uint8")
+                    z[j] = T.ieee_mul(y[j], inv)
+                for j in T.vectorized(VEC):  # pairs: cvt.rn.satfinite.e4m3x2.f32
+                    f8[j] = T.Cast("float8_e4m3fn", z[j])
+                for j in T.unroll(VEC):
+                    packed[j] = T.reinterpret(f8[j], "uint8")
             else:
                 # e2m1 RNE without thresholds: a = min(|x|, 6); t = a + M rounds a to the grid of
                 # ulp(M) (RNE, one IEEE add): M = 2^22 (grid 0.5) below 2, 2^23 (grid 1) below 4,
@@ -261,14 +287,20 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
 
 @tilelang.jit
 def kv_store_kernel(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: bool, has_out_norm: bool,
-                    rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str):
+                    rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str,
+                    rows_per_thread: int = 1):
+    """``rows_per_thread`` (R): each thread stores R rows, ``rows_per_cta`` apart, so a CTA covers
+    R * rows_per_cta consecutive rows; all R rows' loads are issued before the first row's math
+    (R times the bytes in flight) and the lane's weights are loaded and converted once."""
     fmt = _FORMATS[fmt_name]
     dim = fmt.dim
     lanes = dim // VEC
     rows_per_cta = THREADS // lanes
+    R = rows_per_thread
     half = rope_dim // 2
+    wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte loads
     row_store = make_row_store(fmt, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
-                               weight_dtype)
+                               weight_dtype, weight_in_registers=True)
     rows, norm_rows, max_pos = T.dynamic("rows, norm_rows, max_pos")
     cache_bytes = T.dynamic("cache_bytes", "int64")
     block_bytes = rows_per_block * fmt.row_bytes
@@ -285,23 +317,54 @@ def kv_store_kernel(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: b
         out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [rows, dim] bf16 (or [1, dim] dummy)
         eps: T.float32,
     ):
-        with T.Kernel(T.ceildiv(rows, rows_per_cta), threads=THREADS) as bx:
+        with T.Kernel(T.ceildiv(rows, rows_per_cta * R), threads=THREADS) as bx:
             tx = T.get_thread_binding()
             lane = tx % lanes
-            row = bx * rows_per_cta + tx // lanes
-            r = T.min(row, rows - 1)  # tail rows redo the last row (they must shuffle) but store nothing
-            xb = T.alloc_local([VEC], "bfloat16")
+            xb = T.alloc_local([R * VEC], "bfloat16")
             x = T.alloc_local([VEC], "float32")
-            for v in T.unroll(2):
-                for i in T.vectorized(8):
-                    xb[v * 8 + i] = kv[r, lane * VEC + v * 8 + i]
+            wl = T.alloc_local([VEC], weight_dtype)
+            wf = T.alloc_local([VEC], "float32")
+            posv = T.alloc_local([R], "int64")
+            slotv = T.alloc_local([R], "int64")
+            # every load first: R rows (tail rows redo the last row: they must shuffle, store nothing)
+            for k in T.unroll(R):
+                for v in T.unroll(2):
+                    for i in T.vectorized(8):
+                        xb[k * VEC + v * 8 + i] = kv[T.min((bx * R + k) * rows_per_cta + tx // lanes,
+                                                           rows - 1), lane * VEC + v * 8 + i]
+            for k in T.unroll(R):
+                posv[k] = T.Cast("int64",
+                                 positions[T.min((bx * R + k) * rows_per_cta + tx // lanes, rows - 1)])
+                slotv[k] = T.Cast("int64", slots[T.min((bx * R + k) * rows_per_cta + tx // lanes, rows - 1)])
+            for v in T.unroll(VEC // wvec):
+                for i in T.vectorized(wvec):
+                    wl[v * wvec + i] = weight[lane * VEC + v * wvec + i]
             for i in T.unroll(VEC):
-                x[i] = T.Cast("float32", xb[i])
-            row_store(x, lane, weight, cos, sin, cache, out_norm, T.Cast("int64", positions[r]),
-                      T.Cast("int64", slots[r]), row < rows, r, max_pos,
-                      (cache_bytes // block_bytes) * rows_per_block, eps)
+                wf[i] = T.Cast("float32", wl[i])
+            for k in T.unroll(R):
+                for i in T.unroll(VEC):
+                    x[i] = T.Cast("float32", xb[k * VEC + i])
+                row_store(x, lane, wf, cos, sin, cache, out_norm, posv[k], slotv[k],
+                          (bx * R + k) * rows_per_cta + tx // lanes < rows,
+                          T.min((bx * R + k) * rows_per_cta + tx // lanes, rows - 1), max_pos,
+                          (cache_bytes // block_bytes) * rows_per_block, eps)
 
     return kernel
+
+
+# Rows per thread for large launches (R > 1 puts R rows' loads in flight per thread, at the price of
+# registers: fp8 / bf16 59 -> 85, fp4 60 -> 116, fp4 index 71 -> 114 per thread at R = 2). Small
+# launches (latency-bound: every row's chain is serial within a thread) always use 1. The benchmark's
+# KV_STORE_SWEEP=1 times R = 1, 2, 4 through KV_STORE_ROWS_PER_THREAD (read here, for that sweep).
+ROWS_PER_THREAD = {"fp8_main": 2, "fp4_main": 1, "fp4_index": 1, "bf16": 2}
+MULTI_ROW_MIN_ROWS = 32768
+
+
+def rows_per_thread(fmt: KVCacheFormat, rows: int) -> int:
+    forced = os.environ.get("KV_STORE_ROWS_PER_THREAD")
+    if forced:
+        return int(forced)
+    return ROWS_PER_THREAD.get(fmt.name, 1) if rows >= MULTI_ROW_MIN_ROWS else 1
 
 
 _DUMMY_NORM: dict = {}
@@ -346,7 +409,8 @@ def norm_rope_hadamard_cast_store(kv, norm_weight, eps, cos, sin, positions, slo
         return
     static = (fmt.name, rope_dim, interleaved, hadamard, out_norm is not None,
               geom.rows_per_block if fmt.block_sections else 1, _TORCH_TO_TL[norm_weight.dtype],
-              _TORCH_TO_TL[positions.dtype], _TORCH_TO_TL[slot_mapping.dtype])
+              _TORCH_TO_TL[positions.dtype], _TORCH_TO_TL[slot_mapping.dtype],
+              rows_per_thread(fmt, geom.rows))
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, kv.device)
     kv = kv.contiguous()
     if kv.data_ptr() % 16:
