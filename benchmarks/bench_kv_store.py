@@ -1,7 +1,12 @@
 """norm_rope_hadamard_cast_store: the TileLang kernel vs the vectorized torch twin (eager and
-torch.compile). Bytes = BF16 rows read + cache bytes written (no out_norm in these cases)."""
+torch.compile). Bytes = BF16 rows read + cache bytes written (no out_norm in these cases).
+
+KV_STORE_SWEEP=1 also times the kernel with 1, 2 and 4 rows per thread at 1M and 64K rows (lines
+``SWEEP kv_store ...``; tuning data for ``tilelang_ops.kv_store.ROWS_PER_THREAD``, not reported)."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -34,6 +39,9 @@ def _inputs(fmt, rows):
 def run(h: Harness) -> None:
     from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
 
+    # 16 static shapes: without a higher limit dynamo stops recompiling after 8 and silently runs
+    # the later cases eagerly (the "compile" column then times eager code)
+    torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
     compiled = torch.compile(norm_rope_hadamard_cast_store_torch, dynamic=False)
     for fmt, hadamard in FORMATS:
         for rows in ROWS:
@@ -53,3 +61,31 @@ def run(h: Harness) -> None:
             h.report(OP, f"{fmt.name}_rows{rows}", nbytes, us, eager_us=eager_us, compile_us=compile_us)
             del kv, cache
             torch.cuda.empty_cache()
+    if os.environ.get("KV_STORE_SWEEP", "0") == "1":
+        sweep()
+
+
+def sweep() -> None:
+    """Rows per thread 1 / 2 / 4 for every format at 1M and 64K rows (KV_STORE_SWEEP=1)."""
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+
+    for fmt, hadamard in FORMATS:
+        for rows in (1 << 20, 65536):
+            kv, w, cos, sin, pos, slots, cache = _inputs(fmt, rows)
+            args = (kv, w, 1e-6, cos, sin, pos, slots, cache, fmt)
+            del kv, cache
+            nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
+            for rpt in (1, 2, 4):
+                os.environ["KV_STORE_ROWS_PER_THREAD"] = str(rpt)
+                try:
+                    us = _time_kernel(norm_rope_hadamard_cast_store, args, hadamard)
+                finally:
+                    del os.environ["KV_STORE_ROWS_PER_THREAD"]
+                print(f"SWEEP {OP} {fmt.name}_rows{rows} rows_per_thread={rpt} us={us:.1f} "
+                      f"GBps={nbytes / us / 1e3:.0f}")
+            args = None  # free the cache before the next case's allocation
+            torch.cuda.empty_cache()
+
+
+def _time_kernel(fn, args, hadamard) -> float:
+    return time_us(lambda: fn(*args, hadamard=hadamard))
