@@ -96,6 +96,18 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte loads
 
     @T.macro
+    def round_to_bf16(z, y, yb):
+        """y[j] = float(bf16_rne(z[j])) for the lane's 16 values, leaving the BF16 values in yb. One
+        cvt.rn.bf16x2.f32 per pair; each half widens back from the packed 32-bit word with one shift or
+        one mask (instead of a 16-bit extract, a mask and a shift per element)."""
+        for j in T.vectorized(VEC):
+            yb[j] = T.Cast("bfloat16", z[j])
+        pk = T.view(yb, [VEC // 2], "uint32")
+        for j in T.unroll(VEC // 2):
+            y[2 * j] = T.reinterpret(pk[j] << T.uint32(16), "float32")
+            y[2 * j + 1] = T.reinterpret(pk[j] & T.uint32(0xFFFF0000), "float32")
+
+    @T.macro
     def row_store(x, lane, weight, cos, sin, cache, out_norm, position, slot, row_ok, out_row, max_pos,
                   capacity, eps):
         wl = T.alloc_local([VEC], weight_dtype)
@@ -147,15 +159,12 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                     wl[v * wvec + i] = weight[lane * VEC + v * wvec + i]
             for i in T.unroll(VEC):
                 z[i] = T.ieee_mul(T.ieee_mul(x[i], rstd), T.Cast("float32", wl[i]))
-        for i in T.vectorized(VEC):  # pairs: cvt.rn.bf16x2.f32
-            yb[i] = T.Cast("bfloat16", z[i])
+        round_to_bf16(z, y, yb)
         if has_out_norm:
             if row_ok:
                 for v in T.unroll(2):
                     for i in T.vectorized(8):
                         out_norm[out_row, lane * VEC + v * 8 + i] = yb[v * 8 + i]
-        for i in T.unroll(VEC):
-            y[i] = T.Cast("float32", yb[i])
 
         # ---- RoPE on channels [rope0, dim)
         if not interleaved:
@@ -173,10 +182,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                 else:  # this lane holds b, the partner lane a
                     for j in T.unroll(VEC):
                         z[j] = T.ieee_add(T.ieee_mul(oth[j], sn[j]), T.ieee_mul(y[j], cs[j]))
-            for j in T.vectorized(VEC):
-                yb[j] = T.Cast("bfloat16", z[j])
-            for j in T.unroll(VEC):
-                y[j] = T.Cast("float32", yb[j])
+            round_to_bf16(z, y, yb)
 
         # ---- Hadamard (H_n x) * n**-0.5: butterflies h = 1..8 in registers, h >= 16 across lanes
         if hadamard:
@@ -200,10 +206,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                     y[j] = oth[j] + y[j] * sgn
             for j in T.unroll(VEC):
                 z[j] = T.ieee_mul(y[j], _f32(dim ** -0.5))
-            for j in T.vectorized(VEC):
-                yb[j] = T.Cast("bfloat16", z[j])
-            for j in T.unroll(VEC):
-                y[j] = T.Cast("float32", yb[j])
+            round_to_bf16(z, y, yb)
 
         # ---- cast: one scale per group (a group spans 2 lanes or is a 16-element lane)
         if kind == "bf16":
@@ -341,9 +344,11 @@ def kv_store_kernel(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: b
                     wl[v * wvec + i] = weight[lane * VEC + v * wvec + i]
             for i in T.unroll(VEC):
                 wf[i] = T.Cast("float32", wl[i])
+            xw = T.view(xb, [R * VEC // 2], "uint32")  # BF16 pairs widen with one shift / one mask
             for k in T.unroll(R):
-                for i in T.unroll(VEC):
-                    x[i] = T.Cast("float32", xb[k * VEC + i])
+                for i in T.unroll(VEC // 2):
+                    x[2 * i] = T.reinterpret(xw[k * VEC // 2 + i] << T.uint32(16), "float32")
+                    x[2 * i + 1] = T.reinterpret(xw[k * VEC // 2 + i] & T.uint32(0xFFFF0000), "float32")
                 row_store(x, lane, wf, cos, sin, cache, out_norm, posv[k], slotv[k],
                           (bx * R + k) * rows_per_cta + tx // lanes < rows,
                           T.min((bx * R + k) * rows_per_cta + tx // lanes, rows - 1), max_pos,
