@@ -64,6 +64,24 @@ CAND = 8192
 MAX_CACHE = 32768
 SMALL_CACHE = 4096  # short rows use a 16 KiB cache so several CTAs fit on an SM
 
+# Kernel variants (a static kernel argument; both stay compiled and tested):
+# * "v1": GPU-verified (exact on every test case): histogram adds aggregated with match_any_sync; a tile
+#   is UNROLL strips of THREADS entries and its ordered scans run once per strip.
+# * "v2": the same algorithm and decisions with cheaper on-chip work: a warp whose lanes all hit one bin
+#   adds 32 once, else every lane adds 1 (no match_any_sync); a warp owns UNROLL * 32 consecutive entries
+#   of a tile (still one coalesced 128 B load per instruction), so the ordered scans (compaction and the
+#   final pass) need one count per warp and one cross-warp scan per tile instead of one per strip.
+VARIANTS = ("v1", "v2")
+TOPK_VARIANT = "v2"  # what topk / topk_to_slots launch; "v1" is the fallback
+
+
+def _lin(variant, it, u, tx):
+    """Row entry handled by thread tx for strip u of tile it (the order of the ordered scans)."""
+    if variant == "v1":
+        return it * TILE + u * THREADS + tx
+    return it * TILE + (tx // 32) * (UNROLL * 32) + u * 32 + tx % 32
+
+
 _TORCH_TO_TL = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.int32: "int32",
                 torch.int64: "int64"}
 
@@ -72,9 +90,12 @@ _TORCH_TO_TL = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.int3
 def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: str = "int32",
                 cache_cap: int = 0, with_values: bool = True, with_offset: bool = False,
                 idx_fill: int = -1, val_fill: float = float("-inf"), mode: str = "topk",
-                cand_bs: int = 0, block_c: int = 1):
+                cand_bs: int = 0, block_c: int = 1, variant: str = "v1"):
     """mode "topk": indices (+ values); mode "slots": indices -> candidate restore (cand_bs > 0) ->
-    physical slots through the block table, all in the epilogue of the ordered pass."""
+    physical slots through the block table, all in the epilogue of the ordered pass.
+    variant "v1": the GPU-verified kernel; "v2": same algorithm, cheaper on-chip work (see VARIANTS)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"topk variant must be one of {VARIANTS}, got {variant!r}")
     total = T.dynamic("total", "int64")  # flat scores storage: (b - 1) * ld + n elements
     b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
     nc, mb = T.dynamic("nc, mb")
@@ -149,6 +170,8 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             spec_n = T.alloc_var("int32")  # exact count of keys >= lo_est seen so far
             lo_est = T.alloc_var("uint32")
             kt = T.alloc_var("int32")
+            b0 = T.alloc_var("uint32")  # v2: lane 0's histogram bin
+            wsum = T.alloc_var("int32")  # v2: running (packed) count of this warp's lanes in a tile
 
             base = T.Cast("int64", row) * ld
             lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)  # lanes below mine
@@ -211,9 +234,20 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                         sh = T.max(0, 21 - T.Cast("int32", T.clz(kmax - kmin)))
                         for u in T.unroll(UNROLL):
                             bv = (kb[u] - kmin) >> T.Cast("uint32", sh)
-                            peers = T.match_any_sync(bv)
-                            if (peers & lt) == ZERO:
-                                T.atomic_add(s_hist[T.Cast("int32", bv)], T.Cast("int32", T.popcount(peers)))
+                            if variant == "v1":
+                                peers = T.match_any_sync(bv)
+                                if (peers & lt) == ZERO:
+                                    T.atomic_add(s_hist[T.Cast("int32", bv)],
+                                                 T.Cast("int32", T.popcount(peers)))
+                            else:
+                                # one add of 32 when the whole warp hits one bin (ties, concentrated
+                                # scores), else one plain add per lane (match_any_sync is slow)
+                                b0 = T.shfl_sync(bv, 0)
+                                if T.all_sync(bv == b0) != 0:
+                                    if T.And(lane == 0, b0 != NO_BIN):
+                                        T.atomic_add(s_hist[T.Cast("int32", b0)], 32)
+                                elif bv != NO_BIN:
+                                    T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
                         T.sync_threads()
                         # bin of the kt-th largest sample: kt ~ 1.25x the expected winners in a sample
                         kt = T.min(TILE, (k * TILE) // e + (k * TILE) // e // 4 + 64)
@@ -251,7 +285,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     for it in T.serial(T.ceildiv(ne, TILE)):
                         # all UNROLL loads first (memory-level parallelism), then the keys
                         for u in T.unroll(UNROLL):
-                            i = it * TILE + u * THREADS + tx
+                            i = _lin(variant, it, u, tx)
                             if p > 0 and cache_cap > 0 and src == 1:
                                 kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
                             elif p > 0 and cache_cap == 0 and src == 2:
@@ -268,11 +302,11 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                     (kb[u] & ABS) > INF_BITS, KEY_MAX,
                                     T.if_then_else(kb[u] >= SIGN, ~kb[u], kb[u] | SIGN))
                                 if p == 0 and cache_cap > 0:
-                                    i = it * TILE + u * THREADS + tx
+                                    i = _lin(variant, it, u, tx)
                                     if T.And(e <= cache_cap, i < ne):
                                         s_keys[i] = kb[u]
                         for u in T.unroll(UNROLL):
-                            i = it * TILE + u * THREADS + tx
+                            i = _lin(variant, it, u, tx)
                             bv = NO_BIN
                             if i < ne:
                                 if T.And(kb[u] >= lo, kb[u] <= hi):
@@ -280,31 +314,67 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                     kmin = T.min(kmin, kb[u])
                                     kmax = T.max(kmax, kb[u])
                             # warp-aggregated add: concentrated scores hit one bin from every lane
-                            peers = T.match_any_sync(bv)
-                            if T.And(bv != NO_BIN, (peers & lt) == ZERO):
-                                T.atomic_add(s_hist[T.Cast("int32", bv)], T.Cast("int32", T.popcount(peers)))
+                            if variant == "v1":
+                                peers = T.match_any_sync(bv)
+                                if T.And(bv != NO_BIN, (peers & lt) == ZERO):
+                                    T.atomic_add(s_hist[T.Cast("int32", bv)],
+                                                 T.Cast("int32", T.popcount(peers)))
+                            else:
+                                # one add of 32 when the whole warp hits one bin (ties, concentrated
+                                # scores), else one plain add per lane (match_any_sync is slow)
+                                b0 = T.shfl_sync(bv, 0)
+                                if T.all_sync(bv == b0) != 0:
+                                    if T.And(lane == 0, b0 != NO_BIN):
+                                        T.atomic_add(s_hist[T.Cast("int32", b0)], 32)
+                                elif bv != NO_BIN:
+                                    T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
                         if cache_cap == 0:
                             if spec == 1:
                                 # pass 0 of a long row: ordered compaction of the keys >= lo_est
-                                for u in T.unroll(UNROLL):
-                                    i = it * TILE + u * THREADS + tx
-                                    cl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo_est), 1, 0)
-                                    dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
-                                    inl[u] = T.Cast("int32", T.popcount(dm & lt))
+                                if variant == "v1":
+                                    for u in T.unroll(UNROLL):
+                                        i = _lin(variant, it, u, tx)
+                                        cl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo_est), 1, 0)
+                                        dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
+                                        inl[u] = T.Cast("int32", T.popcount(dm & lt))
+                                        if lane == 0:
+                                            s_scan[it % 2, u, warp] = T.Cast("int32", T.popcount(dm))
+                                    T.sync_threads()
+                                    for u in T.unroll(UNROLL):
+                                        i = _lin(variant, it, u, tx)
+                                        wtot = s_scan[it % 2, u, lane]
+                                        tmp = T.if_then_else(lane < warp, wtot, 0)
+                                        for o in (16, 8, 4, 2, 1):
+                                            tmp = tmp + T.shfl_xor(tmp, o)
+                                            wtot = wtot + T.shfl_xor(wtot, o)
+                                        pos = spec_n + tmp + inl[u]
+                                        if T.And(cl[u] == 1, pos < CAND):
+                                            s_ck[pos] = kb[u]
+                                            s_ci[pos] = i
+                                        spec_n = spec_n + wtot
+                                else:
+                                    # warp-contiguous lanes: one count per warp and tile, one scan per tile
+                                    wsum = 0
+                                    for u in T.unroll(UNROLL):
+                                        i = _lin(variant, it, u, tx)
+                                        cl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo_est), 1, 0)
+                                        dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
+                                        inl[u] = wsum + T.Cast("int32", T.popcount(dm & lt))
+                                        wsum = wsum + T.Cast("int32", T.popcount(dm))
                                     if lane == 0:
-                                        s_scan[it % 2, u, warp] = T.Cast("int32", T.popcount(dm))
-                                T.sync_threads()
-                                for u in T.unroll(UNROLL):
-                                    i = it * TILE + u * THREADS + tx
-                                    wtot = s_scan[it % 2, u, lane]
+                                        s_scan[it % 2, 0, warp] = wsum
+                                    T.sync_threads()
+                                    wtot = s_scan[it % 2, 0, lane]
                                     tmp = T.if_then_else(lane < warp, wtot, 0)
                                     for o in (16, 8, 4, 2, 1):
                                         tmp = tmp + T.shfl_xor(tmp, o)
                                         wtot = wtot + T.shfl_xor(wtot, o)
-                                    pos = spec_n + tmp + inl[u]
-                                    if T.And(cl[u] == 1, pos < CAND):
-                                        s_ck[pos] = kb[u]
-                                        s_ci[pos] = i
+                                    for u in T.unroll(UNROLL):
+                                        i = _lin(variant, it, u, tx)
+                                        pos = spec_n + tmp + inl[u]
+                                        if T.And(cl[u] == 1, pos < CAND):
+                                            s_ck[pos] = kb[u]
+                                            s_ci[pos] = i
                                     spec_n = spec_n + wtot
                     T.sync_threads()
                     # thread t owns bins BINS-1-2t (higher) and BINS-2-2t; scan in descending bin order
@@ -371,7 +441,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                             run_def = 0
                             for it in T.serial(T.ceildiv(ne, TILE)):
                                 for u in T.unroll(UNROLL):
-                                    i = it * TILE + u * THREADS + tx
+                                    i = _lin(variant, it, u, tx)
                                     kb[u] = T.if_then_else(
                                         i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])),
                                         ZERO)
@@ -380,25 +450,49 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                     kb[u] = T.if_then_else(
                                         (kb[u] & ABS) > INF_BITS, KEY_MAX,
                                         T.if_then_else(kb[u] >= SIGN, ~kb[u], kb[u] | SIGN))
-                                for u in T.unroll(UNROLL):
-                                    i = it * TILE + u * THREADS + tx
-                                    cl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo), 1, 0)
-                                    dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
-                                    inl[u] = T.Cast("int32", T.popcount(dm & lt))
+                                if variant == "v1":
+                                    for u in T.unroll(UNROLL):
+                                        i = _lin(variant, it, u, tx)
+                                        cl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo), 1, 0)
+                                        dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
+                                        inl[u] = T.Cast("int32", T.popcount(dm & lt))
+                                        if lane == 0:
+                                            s_scan[it % 2, u, warp] = T.Cast("int32", T.popcount(dm))
+                                    T.sync_threads()
+                                    for u in T.unroll(UNROLL):
+                                        i = _lin(variant, it, u, tx)
+                                        wtot = s_scan[it % 2, u, lane]
+                                        tmp = T.if_then_else(lane < warp, wtot, 0)
+                                        for o in (16, 8, 4, 2, 1):
+                                            tmp = tmp + T.shfl_xor(tmp, o)
+                                            wtot = wtot + T.shfl_xor(wtot, o)
+                                        pos = run_def + tmp + inl[u]
+                                        if T.And(cl[u] == 1, pos < CAND):
+                                            s_ck[pos] = kb[u]
+                                            s_ci[pos] = i
+                                        run_def = run_def + wtot
+                                else:
+                                    wsum = 0
+                                    for u in T.unroll(UNROLL):
+                                        i = _lin(variant, it, u, tx)
+                                        cl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo), 1, 0)
+                                        dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
+                                        inl[u] = wsum + T.Cast("int32", T.popcount(dm & lt))
+                                        wsum = wsum + T.Cast("int32", T.popcount(dm))
                                     if lane == 0:
-                                        s_scan[it % 2, u, warp] = T.Cast("int32", T.popcount(dm))
-                                T.sync_threads()
-                                for u in T.unroll(UNROLL):
-                                    i = it * TILE + u * THREADS + tx
-                                    wtot = s_scan[it % 2, u, lane]
+                                        s_scan[it % 2, 0, warp] = wsum
+                                    T.sync_threads()
+                                    wtot = s_scan[it % 2, 0, lane]
                                     tmp = T.if_then_else(lane < warp, wtot, 0)
                                     for o in (16, 8, 4, 2, 1):
                                         tmp = tmp + T.shfl_xor(tmp, o)
                                         wtot = wtot + T.shfl_xor(wtot, o)
-                                    pos = run_def + tmp + inl[u]
-                                    if T.And(cl[u] == 1, pos < CAND):
-                                        s_ck[pos] = kb[u]
-                                        s_ci[pos] = i
+                                    for u in T.unroll(UNROLL):
+                                        i = _lin(variant, it, u, tx)
+                                        pos = run_def + tmp + inl[u]
+                                        if T.And(cl[u] == 1, pos < CAND):
+                                            s_ck[pos] = kb[u]
+                                            s_ci[pos] = i
                                     run_def = run_def + wtot
                             T.sync_threads()
                             src = 2
@@ -409,7 +503,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             run_tie = 0
             for it in T.serial(T.ceildiv(ne, TILE)):
                 for u in T.unroll(UNROLL):
-                    i = it * TILE + u * THREADS + tx
+                    i = _lin(variant, it, u, tx)
                     if cache_cap > 0 and src == 1:
                         kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
                     elif cache_cap == 0 and src == 2:
@@ -423,58 +517,116 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                         kb[u] = T.if_then_else(
                             (kb[u] & ABS) > INF_BITS, KEY_MAX,
                             T.if_then_else(kb[u] >= SIGN, ~kb[u], kb[u] | SIGN))
-                for u in T.unroll(UNROLL):
-                    i = it * TILE + u * THREADS + tx
-                    cl[u] = 0
-                    if i < ne:
-                        if take_all != 0:
-                            cl[u] = 1
-                        elif kb[u] > hi:
-                            cl[u] = 1
-                        elif kb[u] >= lo:
-                            cl[u] = TIE
-                    dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
-                    tm = T.Cast("uint32", T.ballot_sync(cl[u] == TIE))
-                    inl[u] = T.Cast("int32", T.popcount(dm & lt)) + T.Cast("int32", T.popcount(tm & lt)) * TIE
+                if variant == "v1":
+                    for u in T.unroll(UNROLL):
+                        i = _lin(variant, it, u, tx)
+                        cl[u] = 0
+                        if i < ne:
+                            if take_all != 0:
+                                cl[u] = 1
+                            elif kb[u] > hi:
+                                cl[u] = 1
+                            elif kb[u] >= lo:
+                                cl[u] = TIE
+                        dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
+                        tm = T.Cast("uint32", T.ballot_sync(cl[u] == TIE))
+                        inl[u] = (T.Cast("int32", T.popcount(dm & lt))
+                                  + T.Cast("int32", T.popcount(tm & lt)) * TIE)
+                        if lane == 0:
+                            # one barrier per tile: s_scan is double-buffered across tiles
+                            s_scan[it % 2, u, warp] = (T.Cast("int32", T.popcount(dm))
+                                                       + T.Cast("int32", T.popcount(tm)) * TIE)
+                    T.sync_threads()
+                    for u in T.unroll(UNROLL):
+                        i = _lin(variant, it, u, tx)
+                        wtot = s_scan[it % 2, u, lane]
+                        tmp = T.if_then_else(lane < warp, wtot, 0)
+                        for o in (16, 8, 4, 2, 1):
+                            tmp = tmp + T.shfl_xor(tmp, o)
+                            wtot = wtot + T.shfl_xor(wtot, o)
+                        wpre = tmp + inl[u]  # packed counts of all lanes before mine in this sub-chunk
+                        d_before = run_def + (wpre & 0xFFFF)
+                        t_before = run_tie + (wpre >> 16)
+                        if T.Or(cl[u] == 1, T.And(cl[u] == TIE, t_before < kk)):
+                            pos = d_before + T.min(t_before, kk)
+                            if pos < k:
+                                oi = i  # row index of this entry (a var: reassigned below)
+                                if cache_cap == 0:
+                                    if src == 2:
+                                        oi = s_ci[i]
+                                j = T.Cast("int64", oi)
+                                if mode == "slots":
+                                    if cand_bs > 0:
+                                        blk = cand[row, T.min(oi // cand_bs, nc - 1)]
+                                        j = T.if_then_else(
+                                            T.Or(blk < 0, oi // cand_bs >= nc), T.int64(-1),
+                                            T.Cast("int64", blk) * cand_bs + oi % cand_bs)
+                                    if j >= 0:
+                                        tb = table[row, T.Cast("int32", T.min(j // block_c, mb - 1))]
+                                        j = T.if_then_else(
+                                            T.Or(tb < 0, j // block_c >= mb), T.int64(-1),
+                                            T.Cast("int64", tb) * block_c + j % block_c)
+                                elif with_offset:
+                                    j = j + T.Cast("int64", offset[row])
+                                indices[row, pos] = T.Cast(idx_dtype, j)
+                                if with_values:
+                                    values[row, pos] = scores[base + oi]
+                        run_def = run_def + (wtot & 0xFFFF)
+                        run_tie = run_tie + (wtot >> 16)
+                else:
+                    wsum = 0
+                    for u in T.unroll(UNROLL):
+                        i = _lin(variant, it, u, tx)
+                        cl[u] = 0
+                        if i < ne:
+                            if take_all != 0:
+                                cl[u] = 1
+                            elif kb[u] > hi:
+                                cl[u] = 1
+                            elif kb[u] >= lo:
+                                cl[u] = TIE
+                        dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
+                        tm = T.Cast("uint32", T.ballot_sync(cl[u] == TIE))
+                        inl[u] = (wsum + T.Cast("int32", T.popcount(dm & lt))
+                                  + T.Cast("int32", T.popcount(tm & lt)) * TIE)
+                        wsum = wsum + T.Cast("int32", T.popcount(dm)) + T.Cast("int32", T.popcount(tm)) * TIE
                     if lane == 0:
-                        # one barrier per tile: s_scan is double-buffered across tiles
-                        s_scan[it % 2, u, warp] = (T.Cast("int32", T.popcount(dm))
-                                                   + T.Cast("int32", T.popcount(tm)) * TIE)
-                T.sync_threads()
-                for u in T.unroll(UNROLL):
-                    i = it * TILE + u * THREADS + tx
-                    wtot = s_scan[it % 2, u, lane]
+                        s_scan[it % 2, 0, warp] = wsum  # packed counts of the warp's UNROLL * 32 lanes
+                    T.sync_threads()
+                    wtot = s_scan[it % 2, 0, lane]
                     tmp = T.if_then_else(lane < warp, wtot, 0)
                     for o in (16, 8, 4, 2, 1):
                         tmp = tmp + T.shfl_xor(tmp, o)
                         wtot = wtot + T.shfl_xor(wtot, o)
-                    wpre = tmp + inl[u]  # packed counts of all lanes before mine in this sub-chunk
-                    d_before = run_def + (wpre & 0xFFFF)
-                    t_before = run_tie + (wpre >> 16)
-                    if T.Or(cl[u] == 1, T.And(cl[u] == TIE, t_before < kk)):
-                        pos = d_before + T.min(t_before, kk)
-                        if pos < k:
-                            oi = i  # row index of this entry (a var: reassigned below)
-                            if cache_cap == 0:
-                                if src == 2:
-                                    oi = s_ci[i]
-                            j = T.Cast("int64", oi)
-                            if mode == "slots":
-                                if cand_bs > 0:
-                                    blk = cand[row, T.min(oi // cand_bs, nc - 1)]
-                                    j = T.if_then_else(
-                                        T.Or(blk < 0, oi // cand_bs >= nc), T.int64(-1),
-                                        T.Cast("int64", blk) * cand_bs + oi % cand_bs)
-                                if j >= 0:
-                                    tb = table[row, T.Cast("int32", T.min(j // block_c, mb - 1))]
-                                    j = T.if_then_else(
-                                        T.Or(tb < 0, j // block_c >= mb), T.int64(-1),
-                                        T.Cast("int64", tb) * block_c + j % block_c)
-                            elif with_offset:
-                                j = j + T.Cast("int64", offset[row])
-                            indices[row, pos] = T.Cast(idx_dtype, j)
-                            if with_values:
-                                values[row, pos] = scores[base + oi]
+                    for u in T.unroll(UNROLL):
+                        i = _lin(variant, it, u, tx)
+                        wpre = tmp + inl[u]  # packed counts of all lanes before mine in this tile
+                        d_before = run_def + (wpre & 0xFFFF)
+                        t_before = run_tie + (wpre >> 16)
+                        if T.Or(cl[u] == 1, T.And(cl[u] == TIE, t_before < kk)):
+                            pos = d_before + T.min(t_before, kk)
+                            if pos < k:
+                                oi = i  # row index of this entry (a var: reassigned below)
+                                if cache_cap == 0:
+                                    if src == 2:
+                                        oi = s_ci[i]
+                                j = T.Cast("int64", oi)
+                                if mode == "slots":
+                                    if cand_bs > 0:
+                                        blk = cand[row, T.min(oi // cand_bs, nc - 1)]
+                                        j = T.if_then_else(
+                                            T.Or(blk < 0, oi // cand_bs >= nc), T.int64(-1),
+                                            T.Cast("int64", blk) * cand_bs + oi % cand_bs)
+                                    if j >= 0:
+                                        tb = table[row, T.Cast("int32", T.min(j // block_c, mb - 1))]
+                                        j = T.if_then_else(
+                                            T.Or(tb < 0, j // block_c >= mb), T.int64(-1),
+                                            T.Cast("int64", tb) * block_c + j % block_c)
+                                elif with_offset:
+                                    j = j + T.Cast("int64", offset[row])
+                                indices[row, pos] = T.Cast(idx_dtype, j)
+                                if with_values:
+                                    values[row, pos] = scores[base + oi]
                     run_def = run_def + (wtot & 0xFFFF)
                     run_tie = run_tie + (wtot >> 16)
 
@@ -534,7 +686,7 @@ def topk(scores, k, *, end=None, sorted=False, sorted_index=False, indices_type=
     off_dtype = output_idx_offset.dtype if output_idx_offset is not None else torch.int32
     kern = topk_kernel(_TORCH_TO_TL[scores.dtype], _TORCH_TO_TL[indices_type], _TORCH_TO_TL[off_dtype],
                        _cache_cap(n), need_values, output_idx_offset is not None, int(idx_oob_fill_value),
-                       float(value_oob_fill_value), "topk", 0, 1)
+                       float(value_oob_fill_value), "topk", 0, 1, TOPK_VARIANT)
     kern(flat, end if end is not None else _dummy(dev, torch.int32),
          output_idx_offset if output_idx_offset is not None else _dummy(dev, off_dtype),
          _dummy(dev, torch.int32, (b, 1)), _dummy(dev, torch.int32, (b, 1)),
@@ -584,7 +736,7 @@ def topk_to_slots(scores, k, *, end=None, candidate_blocks=None, candidate_block
     flat, ld = _flat_scores(scores)
     cand_bs = candidate_block_size or 0
     kern = topk_kernel(_TORCH_TO_TL[scores.dtype], "int32", "int32", _cache_cap(n), False, False, -1,
-                       float("-inf"), "slots", cand_bs, block_size_c)
+                       float("-inf"), "slots", cand_bs, block_size_c, TOPK_VARIANT)
     cand = candidate_blocks if candidate_blocks is not None else _dummy(dev, torch.int32, (b, 1))
     kern(flat, end if end is not None else _dummy(dev, torch.int32), _dummy(dev, torch.int32), cand,
          block_tables, _dummy(dev, scores.dtype, (1, 1)), slots, n, ld, int(end is not None))
