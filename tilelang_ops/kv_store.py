@@ -342,8 +342,14 @@ def kv_store_kernel(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: b
             for v in T.unroll(VEC // wvec):
                 for i in T.vectorized(wvec):
                     wl[v * wvec + i] = weight[lane * VEC + v * wvec + i]
-            for i in T.unroll(VEC):
-                wf[i] = T.Cast("float32", wl[i])
+            if weight_dtype == "bfloat16":
+                ww = T.view(wl, [VEC // 2], "uint32")
+                for i in T.unroll(VEC // 2):
+                    wf[2 * i] = T.reinterpret(ww[i] << T.uint32(16), "float32")
+                    wf[2 * i + 1] = T.reinterpret(ww[i] & T.uint32(0xFFFF0000), "float32")
+            else:
+                for i in T.unroll(VEC):
+                    wf[i] = T.Cast("float32", wl[i])
             xw = T.view(xb, [R * VEC // 2], "uint32")  # BF16 pairs widen with one shift / one mask
             for k in T.unroll(R):
                 for i in T.unroll(VEC // 2):
