@@ -2,7 +2,8 @@
 
 Work split: a row of ``dim`` elements is spread over ``dim / 16`` consecutive lanes of one warp (32
 lanes for the 512-wide main rows, 8 for the 128-wide index rows), each lane holding 16 consecutive
-elements in registers; a CTA of 128 threads handles 4 main or 16 index rows. Reductions (sum of
+elements in registers; a CTA of 128 threads handles 4 main or 16 index rows at a time, R times
+(``rows_per_thread``: all R rows' loads are issued first; large launches only). Reductions (sum of
 squares, group amax), the half-split RoPE partner and the cross-lane Hadamard stages use warp
 shuffles, so there is no shared memory and no barrier. Each lane writes its 16 FP8 codes (one 16-byte
 store), 8 packed FP4 bytes (8-byte store) or 32 BF16 bytes (two 16-byte stores); scale bytes follow.
