@@ -1,5 +1,8 @@
 """topk benchmarks: the TileLang radix select vs torch.topk (the peer, also reported as eager).
 
+`us` is the default kernel variant (tilelang_ops.topk.TOPK_VARIANT); the GPU-verified variant "v1" is
+timed on the same input and reported as the peer `v1` (x_v1 > 1: the default is faster).
+
 Bytes = b * n * bytes per score (one read of the scores; the k outputs are negligible). Each shape runs
 for randn and for the adversarial distributions (case suffix), since a radix select's speed depends on
 how the keys spread over the digits.
@@ -7,8 +10,11 @@ how the keys spread over the digits.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
+import tilelang_ops.topk as topk_mod
 from benchmarks.harness import time_us
 from tilelang_ops.topk import topk, topk_to_slots
 
@@ -24,6 +30,16 @@ def _scores(dist, b, n):
     return make_scores(dist, b, n, device="cuda")
 
 
+@contextlib.contextmanager
+def _variant(name):
+    saved = topk_mod.TOPK_VARIANT
+    topk_mod.TOPK_VARIANT = name
+    try:
+        yield
+    finally:
+        topk_mod.TOPK_VARIANT = saved
+
+
 def run(h) -> None:
     for b, n, k in SHAPES:
         for suffix, dist in DISTS.items():
@@ -31,15 +47,20 @@ def run(h) -> None:
             case = f"b{b}n{n}k{k}{suffix}"
             flush = 256 << 20  # scores are re-read from HBM each launch, not from L2
             us = time_us(lambda x=x, k=k: topk(x, k, return_value=False), flush_bytes=flush)
+            with _variant("v1"):
+                v1_us = time_us(lambda x=x, k=k: topk(x, k, return_value=False), flush_bytes=flush)
             torch_us = time_us(lambda x=x, k=k: torch.topk(x, k, dim=1, sorted=False), flush_bytes=flush)
             h.report(OP, case, b * n * x.element_size(), us, eager_us=torch_us,
-                     peers={"torch_topk": torch_us})
+                     peers={"v1": v1_us, "torch_topk": torch_us})
     # the fused scores -> slots path on the decode shape
     b, n, k = 64, 32768, 2048
     x = _scores("randn", b, n)
     table = torch.randint(0, 100000, (b, n // 64 + 1), dtype=torch.int32, device="cuda")
     end = torch.full((b,), n, dtype=torch.int32, device="cuda")
-    us = time_us(lambda: topk_to_slots(x, k, end=end, block_size_c=64, block_tables=table),
-                 flush_bytes=256 << 20)
+    slots = lambda: topk_to_slots(x, k, end=end, block_size_c=64, block_tables=table)  # noqa: E731
+    us = time_us(slots, flush_bytes=256 << 20)
+    with _variant("v1"):
+        v1_us = time_us(slots, flush_bytes=256 << 20)
     torch_us = time_us(lambda: torch.topk(x, k, dim=1, sorted=False), flush_bytes=256 << 20)
-    h.report(OP, f"slots_b{b}n{n}k{k}", b * n * 4, us, eager_us=torch_us, peers={"torch_topk": torch_us})
+    h.report(OP, f"slots_b{b}n{n}k{k}", b * n * 4, us, eager_us=torch_us,
+             peers={"v1": v1_us, "torch_topk": torch_us})

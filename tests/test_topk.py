@@ -534,6 +534,69 @@ def test_gpu_topk_exact(case):
         compare_bitwise("values vs loop", v, lv).check()
 
 
+# Both kernel variants on a subset (v1: GPU-verified fallback; v2: the default, see tilelang_ops.topk):
+# a failure here names the variant, so the default can be flipped back to "v1" with confidence.
+VARIANT_CASES = [
+    GpuCase("randn", 7, 2048, 512, "random"),
+    GpuCase("special", 7, 100, 16, "random", "bf16", "sorted"),
+    GpuCase("few", 64, 32768, 2048),
+    GpuCase("equal", 64, 32768, 2048),
+    GpuCase("conc", 128, 8192, 512, "random", "bf16"),
+    GpuCase("tiny", 128, 8192, 4096, "random", mode="sorted"),
+    GpuCase("randn", 2, 65536, 2048, "random"),
+    GpuCase("special", 2, 65536, 2048, "random"),
+    GpuCase("sorted", 4, 131072, 2048),
+    GpuCase("ascending", 4, 131072, 4096, mode="sorted"),
+    GpuCase("randn", 16, 131072, 2048),
+    GpuCase("few", 1, 1 << 20, 4096, "random", "bf16"),
+    GpuCase("special", 3, 200000, 3000, "random", "bf16"),
+    GpuCase("randn", 4096, 2048, 64, "random"),
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+@pytest.mark.parametrize("case", VARIANT_CASES, ids=case_id)
+def test_gpu_topk_variant_exact(case, variant, monkeypatch):
+    import tilelang_ops.topk as tk
+
+    monkeypatch.setattr(tk, "TOPK_VARIANT", variant)
+    x, end, kw, (v, i) = _run_gpu_case(case, tk.topk)
+    rv, ri = topk_torch(x, case.k, **kw)
+    if case.mode == "any":
+        v, i = as_pairs_by_index(v, i)
+        rv, ri = as_pairs_by_index(rv, ri)
+    # integers and copied score bits: bitwise
+    compare_bitwise(f"indices {variant}", i, ri).check()
+    compare_bitwise(f"values {variant}", v, rv).check()
+
+
+@requires_cuda
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+def test_gpu_topk_to_slots_variant(variant, monkeypatch):
+    import tilelang_ops.topk as tk
+
+    monkeypatch.setattr(tk, "TOPK_VARIANT", variant)
+    b, n, k, bc = 16, 40000, 2048, 64  # long rows (no row cache): sampled estimate + compaction
+    x = make_scores("randn", b, n, device="cuda")
+    end = make_end("random", b, n, k, device="cuda")
+    x = poison_beyond_end(x, end)
+    table = torch.randint(0, 100000, (b, n // bc + 1), dtype=torch.int32, device="cuda")
+    got = tk.topk_to_slots(x, k, end=end, block_size_c=bc, block_tables=table)
+    _, idx = topk_torch(x, k, end=end, sorted_index=True)
+    want = convert_kv_index_ref_(idx.reshape(b, 1, k).clone(), bc, end.clamp(max=k).reshape(b, 1), table)
+    compare_bitwise(f"slots {variant}", got, want.reshape(b, k)).check()
+
+
+def test_topk_variant_names():
+    import tilelang_ops.topk as tk
+
+    assert tk.TOPK_VARIANT in tk.VARIANTS and "v1" in tk.VARIANTS
+    with pytest.raises(ValueError, match="variant"):
+        tk.topk_kernel.get_tir("float32", "int32", "int32", 0, True, False, -1, float("-inf"), "topk", 0, 1,
+                               "v9")
+
+
 @requires_cuda
 def test_gpu_topk_options_offsets_int64_fills_noncontiguous():
     from tilelang_ops.topk import topk
