@@ -131,6 +131,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             s_ck = T.alloc_shared([n_cand], "uint32")  # candidate keys, ascending index (cache_cap == 0)
             s_ci = T.alloc_shared([n_cand], "int32")  # their row indices
             kb = T.alloc_local([UNROLL], "uint32")  # keys of this thread's UNROLL lanes of a tile
+            kn = T.alloc_local([UNROLL], "uint32")  # v2: raw bits of the next tile (loads in flight)
             cl = T.alloc_local([UNROLL], "int32")  # packed take/tie flag per lane
             inl = T.alloc_local([UNROLL], "int32")  # packed counts of lower lanes in the warp
 
@@ -282,6 +283,14 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     kmin = KEY_MAX
                     kmax = ZERO
                     T.sync_threads()
+                    if variant == "v2":
+                        if src == 0:
+                            # software pipeline: tile it + 1 loads while tile it is processed
+                            for u in T.unroll(UNROLL):
+                                i = _lin(variant, 0, u, tx)
+                                kn[u] = T.if_then_else(
+                                    i < ne,
+                                    T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
                     for it in T.serial(T.ceildiv(ne, TILE)):
                         # all UNROLL loads first (memory-level parallelism), then the keys
                         for u in T.unroll(UNROLL):
@@ -290,10 +299,19 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                 kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
                             elif p > 0 and cache_cap == 0 and src == 2:
                                 kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
+                            elif variant == "v2":
+                                kb[u] = kn[u]
                             else:
                                 kb[u] = T.if_then_else(
                                     i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])),
                                     ZERO)
+                        if variant == "v2":
+                            if src == 0:
+                                for u in T.unroll(UNROLL):
+                                    i = _lin(variant, it + 1, u, tx)
+                                    kn[u] = T.if_then_else(
+                                        i < ne,
+                                        T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
                         if src == 0:
                             for u in T.unroll(UNROLL):
                                 # order-preserving key: -0.0 -> +0.0, NaN -> max, sign flip
@@ -439,12 +457,29 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                         # compact them once, in index order, so later passes never touch the row again.
                         if T.And(T.And(done == 0, src == 0), k - kk + cnt <= CAND):
                             run_def = 0
-                            for it in T.serial(T.ceildiv(ne, TILE)):
+                            if variant == "v2":
                                 for u in T.unroll(UNROLL):
-                                    i = _lin(variant, it, u, tx)
-                                    kb[u] = T.if_then_else(
-                                        i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])),
-                                        ZERO)
+                                    i = _lin(variant, 0, u, tx)
+                                    kn[u] = T.if_then_else(
+                                        i < ne,
+                                        T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
+                            for it in T.serial(T.ceildiv(ne, TILE)):
+                                if variant == "v1":
+                                    for u in T.unroll(UNROLL):
+                                        i = _lin(variant, it, u, tx)
+                                        kb[u] = T.if_then_else(
+                                            i < ne,
+                                            T.reinterpret("uint32", T.Cast("float32", scores[base + i])),
+                                            ZERO)
+                                else:
+                                    for u in T.unroll(UNROLL):
+                                        kb[u] = kn[u]
+                                    for u in T.unroll(UNROLL):
+                                        i = _lin(variant, it + 1, u, tx)
+                                        kn[u] = T.if_then_else(
+                                            i < ne,
+                                            T.reinterpret("uint32",
+                                                          T.Cast("float32", scores[base + i])), ZERO)
                                 for u in T.unroll(UNROLL):
                                     kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
                                     kb[u] = T.if_then_else(
@@ -501,6 +536,12 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             # ordered pass: take keys above hi, and the first kk keys in [lo, hi]
             run_def = 0
             run_tie = 0
+            if variant == "v2":
+                if src == 0:
+                    for u in T.unroll(UNROLL):
+                        i = _lin(variant, 0, u, tx)
+                        kn[u] = T.if_then_else(
+                            i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
             for it in T.serial(T.ceildiv(ne, TILE)):
                 for u in T.unroll(UNROLL):
                     i = _lin(variant, it, u, tx)
@@ -508,9 +549,17 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                         kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
                     elif cache_cap == 0 and src == 2:
                         kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
+                    elif variant == "v2":
+                        kb[u] = kn[u]
                     else:
                         kb[u] = T.if_then_else(
                             i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
+                if variant == "v2":
+                    if src == 0:
+                        for u in T.unroll(UNROLL):
+                            i = _lin(variant, it + 1, u, tx)
+                            kn[u] = T.if_then_else(
+                                i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
                 if src == 0:
                     for u in T.unroll(UNROLL):
                         kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
