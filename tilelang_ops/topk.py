@@ -105,6 +105,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
     INF_BITS, KEY_MAX = T.uint32(0x7F800000), T.uint32(0xFFFFFFFF)
     NO_BIN = T.uint32(0xFFFFFFFF)  # lane that adds nothing to the histogram
     TIE = 1 << 16  # packed counts: taken-for-sure in the low 16 bits, ties above
+    CLS_TAKE, CLS_TIE, CNT_MASK = 1 << 28, 1 << 29, (1 << 28) - 1  # v2: lane class next to its counts
 
     @T.prim_func
     def kernel(
@@ -173,6 +174,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             kt = T.alloc_var("int32")
             b0 = T.alloc_var("uint32")  # v2: lane 0's histogram bin
             wsum = T.alloc_var("int32")  # v2: running (packed) count of this warp's lanes in a tile
+            cv = T.alloc_var("int32")  # v2: class of a lane in the ordered pass (0, 1 taken, TIE)
 
             base = T.Cast("int64", row) * ld
             lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)  # lanes below mine
@@ -375,9 +377,12 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                     wsum = 0
                                     for u in T.unroll(UNROLL):
                                         i = _lin(variant, it, u, tx)
-                                        cl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo_est), 1, 0)
-                                        dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
-                                        inl[u] = wsum + T.Cast("int32", T.popcount(dm & lt))
+                                        # inl = rank among the warp's kept lanes, -1: not kept (no cl[]:
+                                        # fewer registers, the next tile's loads are in flight)
+                                        dm = T.Cast("uint32", T.ballot_sync(T.And(i < ne, kb[u] >= lo_est)))
+                                        inl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo_est),
+                                                                wsum + T.Cast("int32", T.popcount(dm & lt)),
+                                                                -1)
                                         wsum = wsum + T.Cast("int32", T.popcount(dm))
                                     if lane == 0:
                                         s_scan[it % 2, 0, warp] = wsum
@@ -390,7 +395,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                     for u in T.unroll(UNROLL):
                                         i = _lin(variant, it, u, tx)
                                         pos = spec_n + tmp + inl[u]
-                                        if T.And(cl[u] == 1, pos < CAND):
+                                        if T.And(inl[u] >= 0, pos < CAND):
                                             s_ck[pos] = kb[u]
                                             s_ci[pos] = i
                                     spec_n = spec_n + wtot
@@ -510,9 +515,12 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                     wsum = 0
                                     for u in T.unroll(UNROLL):
                                         i = _lin(variant, it, u, tx)
-                                        cl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo), 1, 0)
-                                        dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
-                                        inl[u] = wsum + T.Cast("int32", T.popcount(dm & lt))
+                                        # inl = rank among the warp's kept lanes, -1: not kept (no cl[]:
+                                        # fewer registers, the next tile's loads are in flight)
+                                        dm = T.Cast("uint32", T.ballot_sync(T.And(i < ne, kb[u] >= lo)))
+                                        inl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo),
+                                                                wsum + T.Cast("int32", T.popcount(dm & lt)),
+                                                                -1)
                                         wsum = wsum + T.Cast("int32", T.popcount(dm))
                                     if lane == 0:
                                         s_scan[it % 2, 0, warp] = wsum
@@ -525,7 +533,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                     for u in T.unroll(UNROLL):
                                         i = _lin(variant, it, u, tx)
                                         pos = run_def + tmp + inl[u]
-                                        if T.And(cl[u] == 1, pos < CAND):
+                                        if T.And(inl[u] >= 0, pos < CAND):
                                             s_ck[pos] = kb[u]
                                             s_ci[pos] = i
                                     run_def = run_def + wtot
@@ -626,18 +634,22 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     wsum = 0
                     for u in T.unroll(UNROLL):
                         i = _lin(variant, it, u, tx)
-                        cl[u] = 0
+                        cv = 0
                         if i < ne:
                             if take_all != 0:
-                                cl[u] = 1
+                                cv = 1
                             elif kb[u] > hi:
-                                cl[u] = 1
+                                cv = 1
                             elif kb[u] >= lo:
-                                cl[u] = TIE
-                        dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
-                        tm = T.Cast("uint32", T.ballot_sync(cl[u] == TIE))
+                                cv = TIE
+                        dm = T.Cast("uint32", T.ballot_sync(cv == 1))
+                        tm = T.Cast("uint32", T.ballot_sync(cv == TIE))
+                        # packed counts of the lower lanes (< 2^25) + the class in bits 28 (taken) and
+                        # 29 (tie): no cl[] array, fewer registers while the next tile is in flight
                         inl[u] = (wsum + T.Cast("int32", T.popcount(dm & lt))
-                                  + T.Cast("int32", T.popcount(tm & lt)) * TIE)
+                                  + T.Cast("int32", T.popcount(tm & lt)) * TIE
+                                  + T.if_then_else(cv == 1, CLS_TAKE, 0)
+                                  + T.if_then_else(cv == TIE, CLS_TIE, 0))
                         wsum = wsum + T.Cast("int32", T.popcount(dm)) + T.Cast("int32", T.popcount(tm)) * TIE
                     if lane == 0:
                         s_scan[it % 2, 0, warp] = wsum  # packed counts of the warp's UNROLL * 32 lanes
@@ -649,10 +661,10 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                         wtot = wtot + T.shfl_xor(wtot, o)
                     for u in T.unroll(UNROLL):
                         i = _lin(variant, it, u, tx)
-                        wpre = tmp + inl[u]  # packed counts of all lanes before mine in this tile
+                        wpre = tmp + (inl[u] & CNT_MASK)  # packed counts of all lanes before mine in the tile
                         d_before = run_def + (wpre & 0xFFFF)
                         t_before = run_tie + (wpre >> 16)
-                        if T.Or(cl[u] == 1, T.And(cl[u] == TIE, t_before < kk)):
+                        if T.Or((inl[u] & CLS_TAKE) != 0, T.And((inl[u] & CLS_TIE) != 0, t_before < kk)):
                             pos = d_before + T.min(t_before, kk)
                             if pos < k:
                                 oi = i  # row index of this entry (a var: reassigned below)
@@ -948,19 +960,25 @@ def build_all() -> list[str]:
     """Compile every kernel for sm_90a at several static configurations (CPU build check)."""
     from tilelang_ops.build import compile_for_sm90
 
+    v, fb = TOPK_VARIANT, "v1"  # the default variant everywhere, the fallback on the two big tiers
     configs = [
-        ("topk fp32 uncached", topk_kernel, ("float32", "int32", "int32", 0, True, False, -1,
-                                                   float("-inf"), "topk", 0, 1)),
-        ("topk fp32 cache32768", topk_kernel, ("float32", "int32", "int32", 32768, True, False, -1,
-                                                   float("-inf"), "topk", 0, 1)),
-        ("topk bf16 int64+offset cache4096", topk_kernel, ("bfloat16", "int64", "int64", 4096, True, True, -1,
-                                                    float("-inf"), "topk", 0, 1)),
-        ("topk fp32 indices-only fills", topk_kernel, ("float32", "int32", "int32", 32768, False,
-                                                           False, -5, 0.0, "topk", 0, 1)),
-        ("topk_to_slots fp32 cand16 Bc64", topk_kernel, ("float32", "int32", "int32", 0, False,
-                                                          False, -1, float("-inf"), "slots", 16, 64)),
-        ("topk_to_slots bf16 Bc64 cache4096", topk_kernel, ("bfloat16", "int32", "int32", 4096, False,
-                                                       False, -1, float("-inf"), "slots", 0, 64)),
+        (f"topk fp32 uncached {v}", topk_kernel, ("float32", "int32", "int32", 0, True, False, -1,
+                                                  float("-inf"), "topk", 0, 1, v)),
+        (f"topk fp32 cache32768 {v}", topk_kernel, ("float32", "int32", "int32", 32768, True, False, -1,
+                                                    float("-inf"), "topk", 0, 1, v)),
+        (f"topk bf16 int64+offset cache4096 {v}", topk_kernel, ("bfloat16", "int64", "int64", 4096, True,
+                                                                True, -1, float("-inf"), "topk", 0, 1, v)),
+        (f"topk fp32 indices-only fills {v}", topk_kernel, ("float32", "int32", "int32", 32768, False,
+                                                            False, -5, 0.0, "topk", 0, 1, v)),
+        (f"topk_to_slots fp32 cand16 Bc64 {v}", topk_kernel, ("float32", "int32", "int32", 0, False, False,
+                                                              -1, float("-inf"), "slots", 16, 64, v)),
+        (f"topk_to_slots bf16 Bc64 cache4096 {v}", topk_kernel, ("bfloat16", "int32", "int32", 4096,
+                                                                 False, False, -1, float("-inf"), "slots", 0,
+                                                                 64, v)),
+        (f"topk fp32 uncached {fb}", topk_kernel, ("float32", "int32", "int32", 0, True, False, -1,
+                                                   float("-inf"), "topk", 0, 1, fb)),
+        (f"topk fp32 cache32768 {fb}", topk_kernel, ("float32", "int32", "int32", 32768, True, False, -1,
+                                                     float("-inf"), "topk", 0, 1, fb)),
         ("block_max bs16 fp32", block_max_kernel, (16, "float32")),
         ("block_max bs8 bf16", block_max_kernel, (8, "bfloat16")),
         ("restore bs16", restore_kernel, (16,)),
