@@ -1,5 +1,6 @@
-"""compress_store: the fused kernel vs our two-kernel pipeline (compress kernel, then store kernel) and
-the twin composition (torch eager and torch.compile).
+"""compress_store: the fused kernel (default variant, v2) vs its first version (peer ``v1``, the launch
+path verified on the H200), our two-kernel pipeline (compress kernel, then store kernel) and the twin
+composition (torch eager and torch.compile).
 
 Bytes (what a perfect fused kernel must move): projected_kv read + ring entries read (groups that
 began before the step) + ring entries written + cache rows written (stored rows x fmt.row_bytes) +
@@ -9,6 +10,7 @@ rows. Metadata comes from the builder; the ring is the engine's default (7 for C
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -30,10 +32,12 @@ PREFILL_CASES = {"tokens1048576_fp8": (256, FP8_MAIN_KV_FORMAT, False),
                  "tokens65536_fp4": (16, FP4_MAIN_KV_FORMAT, False)}
 DECODE_CASES = {"b1q1_fp8": (1, 1), "b64q6_fp8": (64, 6), "b4096q6_fp8": (4096, 6)}
 TINY_TOKENS = 512  # at or below this many query tokens, time CUDA-graph replays (launch-bound)
-# COMPRESS_STORE_SWEEP=1 also times other launch shapes of the fused kernel (tuning data, not reported
-# as BENCH lines): prefill (rows per warp, warps per CTA) on 1M FP8 tokens, decode warps on b4096q6.
-PREFILL_SHAPES = [(1, 4), (2, 4), (4, 4), (8, 4), (2, 8), (4, 8), (8, 2), (16, 4)]
-DECODE_SHAPES = [1, 2, 4, 8]
+# COMPRESS_STORE_SWEEP=1 also times other launch shapes of the v2 kernel (tuning data, not reported as
+# BENCH lines): prefill (rows per warp, warps per CTA, min CTAs per SM) on 1M FP8 tokens, decode warps
+# on b4096q6. Kept to two new compilations (~10 s each on the GPU machine): (4, 4, 3) is the shape the
+# smaller prefill cases use anyway, (8, 4, 3) / 4 warps are the defaults.
+PREFILL_SHAPES = [(8, 4, 3), (4, 4, 3), (16, 4, 3)]
+DECODE_SHAPES = [4, 2]
 
 
 def _inputs(seqs, prefill, fmt):
@@ -111,11 +115,13 @@ def _try(name, fn, timer):
 def _case(h, case, args, kw, nbytes, fused, two_kernel, twin, compiled, tiny):
     timer = time_graph_us if tiny else time_us
     us = timer(lambda: fused(*args, **kw))
-    two = _try("two_kernel", lambda: two_kernel(*args, **kw), timer)
+    v1 = functools.partial(fused, variant="v1")
+    peers = {"two_kernel": _try("two_kernel", lambda: two_kernel(*args, **kw), timer),
+             "v1": _try("v1", lambda: v1(*args, **kw), timer)}
     eager = _try("eager", lambda: twin(*args, **kw), timer)
     comp = _try("compile", lambda: compiled(*args, **kw), timer) if compiled is not None else None
     h.report(OP, case, nbytes, us, eager_us=eager, compile_us=comp,
-             peers={"two_kernel": two} if two is not None else None)
+             peers={k: v for k, v in peers.items() if v is not None} or None)
 
 
 def run(h: Harness) -> None:
@@ -151,23 +157,23 @@ def run(h: Harness) -> None:
 
 
 def sweep() -> None:
-    """Launch-shape sweep of the fused kernel (COMPRESS_STORE_SWEEP=1)."""
+    """Launch-shape sweep of the v2 kernel (COMPRESS_STORE_SWEEP=1)."""
     import tilelang_ops.compress_store as cs
 
-    args, kw, nbytes = _prefill(256, FP8_MAIN_KV_FORMAT)
-    saved = cs.PREFILL_ROWS_PER_WARP, cs.WARPS, cs.DECODE_WARPS
+    args, kw, nbytes = _prefill(256, FP8_MAIN_KV_FORMAT, norm=False)
+    saved = cs.V2_ROWS_PER_WARP, cs.V2_WARPS, cs.V2_MIN_CTAS_PER_SM, cs.V2_DECODE_WARPS
     try:
-        for rpw, warps in PREFILL_SHAPES:
-            cs.PREFILL_ROWS_PER_WARP, cs.WARPS = rpw, warps
-            us = time_us(lambda: cs.compress_store_prefill(*args, **kw))
-            print(f"SWEEP {OP} tokens1048576_fp8 rows_per_warp={rpw} warps={warps} us={us:.1f} "
-                  f"GBps={nbytes / us / 1e3:.0f}")
+        for rpw, warps, min_ctas in PREFILL_SHAPES:
+            cs.V2_ROWS_PER_WARP, cs.V2_WARPS, cs.V2_MIN_CTAS_PER_SM = rpw, warps, min_ctas
+            us = time_us(lambda: cs.compress_store_prefill(*args, **kw, variant="v2"))
+            print(f"SWEEP {OP} tokens1048576_fp8 rows_per_warp={rpw} warps={warps} min_ctas={min_ctas} "
+                  f"us={us:.1f} GBps={nbytes / us / 1e3:.0f}")
         del args, kw
         torch.cuda.empty_cache()
         args, kw, nbytes = _decode(4096, 6, FP8_MAIN_KV_FORMAT)
         for warps in DECODE_SHAPES:
-            cs.DECODE_WARPS = warps
-            us = time_us(lambda: cs.compress_store_decode(*args, **kw))
+            cs.V2_DECODE_WARPS = warps
+            us = time_us(lambda: cs.compress_store_decode(*args, **kw, variant="v2"))
             print(f"SWEEP {OP} b4096q6_fp8 warps={warps} us={us:.1f} GBps={nbytes / us / 1e3:.0f}")
     finally:
-        cs.PREFILL_ROWS_PER_WARP, cs.WARPS, cs.DECODE_WARPS = saved
+        cs.V2_ROWS_PER_WARP, cs.V2_WARPS, cs.V2_MIN_CTAS_PER_SM, cs.V2_DECODE_WARPS = saved

@@ -31,6 +31,14 @@ mean cannot be imported: it is written inline in its prim_func for another threa
 per thread, per-block metadata in shared memory); ``make_gated_mean`` is the same operation order
 for the store macro's layout (16 channels per lane).
 
+Variants (``VARIANT``, or ``variant=`` per call): "v2" (default) pipelines each warp's rows (row k's
+loads are in flight while row k-1 is normalized, cast and stored), computes one ``expf`` per channel
+for r = 2 (the other weight is expf(+0) = 1 exactly; non-finite scores fall back to v1's sequence),
+keeps ring entries in int32 and, in decode, loads the previous token's inputs speculatively with the
+token's own (one memory trip for every group closed inside a verification step). "v1" is the first
+version, verified on the H200; both give the same bytes (CPU emulation of the generated CUDA, GPU
+tests of each variant).
+
 Metadata that is out of range (slots, tokens, requests) makes a row skip (no store, no out_norm, no
 ring write); it never reads or writes outside the tensors. Nothing is returned (see
 ``reference.compress_store``).
@@ -60,6 +68,21 @@ WARPS = 4  # prefill warps per CTA
 PREFILL_ROWS_PER_WARP = 4  # amortizes the request search over a few rows
 DECODE_WARPS = 4  # decode warps (query tokens) per CTA
 F4 = 4  # FP32 elements per 16-byte vector access
+# Launch path. "v2" (default): software-pipelined rows, one expf per channel for r = 2, int32 ring
+# entries, speculative in-step neighbour loads in decode (see the v2 factories). "v1": the first
+# fused kernel, verified bitwise against the two-kernel pipeline on the H200; kept selectable so a
+# GPU run can compare both (tests, benchmark peer) and the default can be flipped back.
+VARIANTS = ("v1", "v2")
+VARIANT = "v2"
+V2_WARPS = 4  # v2 prefill warps per CTA
+V2_ROWS_PER_WARP = 8  # v2 prefill rows per warp (the pipeline's depth in time: one prologue per warp)
+V2_MIN_CTAS_PER_SM = 3  # v2 prefill __launch_bounds__ minimum (<= 168 registers: 12 warps per SM)
+V2_DECODE_WARPS = 4
+# Bounds are explicit in the v2 kernels (every index is checked or clamped before its access), so
+# TileLang's per-access guards, which also re-evaluate 64-bit ring modulos per vector, are off.
+# The init check is off as well: it flags the pipeline's registers (read in stage A of iteration k,
+# written in stage B of iteration k - 1), a pattern it cannot follow.
+V2_PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_buffer_init_check": True}
 
 _FORMATS = {f.name: f for f in MAIN_BRANCH_FORMATS}
 
@@ -71,6 +94,25 @@ def _expf(x):
     # The CUDA math library's expf (what torch's exp and the compress kernel's T.exp call on the GPU),
     # never the __expf approximation.
     return T.call_extern("float32", "expf", x)
+
+
+@tilelang.jit
+def expf_probe_kernel(threads: int = 256):
+    """Test probe, not an operator: y[i] = expf(x[i]) through ``_expf`` with the fused kernels' compile
+    options (the GPU test that torch's exp and the kernels' expf agree bitwise)."""
+    n = T.dynamic("n")
+
+    @T.prim_func
+    def kernel(
+        x: T.Tensor((n,), "float32"),  # [n] fp32
+        y: T.Tensor((n,), "float32"),  # [n] fp32, expf(x)
+    ):
+        with T.Kernel(T.ceildiv(n, threads), threads=threads) as bx:
+            tx = T.get_thread_binding()
+            if bx * threads + tx < n:
+                y[bx * threads + tx] = _expf(x[bx * threads + tx])
+
+    return kernel
 
 
 def make_gated_mean(r: int):
@@ -102,6 +144,41 @@ def make_gated_mean(r: int):
                 num[i] = T.ieee_add(num[i], T.ieee_mul(w[i], lt[t, i]))
         for i in T.unroll(VEC):
             x[i] = T.Cast("float32", T.Cast("bfloat16", T.ieee_fdiv(num[i], den[i])))
+
+    return gated_mean
+
+
+def make_gated_mean_v2(r: int):
+    """``make_gated_mean`` with one ``expf`` per channel for r = 2, same bits for every input.
+
+    With m = max(s0, s1), one of d_t = s_t - m is +0 for finite scores and expf(+-0) = 1 exactly, so
+    only the other difference needs expf; w = 1 is then multiplied and added exactly like v1's expf(0).
+    A lane where some channel has no zero difference (an infinite or NaN score) takes v1's two-expf
+    sequence, so non-finite inputs give v1's bits too. Other ratios use ``make_gated_mean``.
+    """
+    if r != 2:
+        return make_gated_mean(r)
+    slow = make_gated_mean(r)
+
+    @T.macro
+    def gated_mean(sc, lt, x):
+        d0 = T.alloc_local([VEC], "float32")
+        d1 = T.alloc_local([VEC], "float32")
+        fast = T.alloc_var("int32")
+        fast = 1
+        for i in T.unroll(VEC):
+            d0[i] = T.ieee_sub(sc[0, i], T.max(sc[0, i], sc[1, i]))
+            d1[i] = T.ieee_sub(sc[1, i], T.max(sc[0, i], sc[1, i]))
+            fast = fast & T.if_then_else(d0[i] == T.float32(0) or d1[i] == T.float32(0), 1, 0)
+        if fast == 1:
+            for i in T.unroll(VEC):
+                e = _expf(T.if_then_else(d0[i] == T.float32(0), d1[i], d0[i]))
+                w0 = T.if_then_else(d0[i] == T.float32(0), T.float32(1), e)
+                w1 = T.if_then_else(d0[i] == T.float32(0), e, T.float32(1))
+                x[i] = T.Cast("float32", T.Cast("bfloat16", T.ieee_fdiv(
+                    T.ieee_add(T.ieee_mul(w0, lt[0, i]), T.ieee_mul(w1, lt[1, i])), T.ieee_add(w0, w1))))
+        else:
+            slow(sc, lt, x)
 
     return gated_mean
 
@@ -318,6 +395,262 @@ def compress_store_decode_kernel(fmt_name: str, r: int, rope_dim: int, interleav
     return kernel
 
 
+@tilelang.jit(pass_configs=V2_PASS_CONFIGS)
+def compress_store_prefill_kernel_v2(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
+                                     has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
+                                     rows_per_warp: int = V2_ROWS_PER_WARP, warps: int = V2_WARPS,
+                                     min_ctas_per_sm: int = V2_MIN_CTAS_PER_SM):
+    """v2 of ``compress_store_prefill_kernel``: same rows, same bits, a software pipeline per warp.
+
+    Iteration k of a warp (rows ``first_row + k``): A) the gated mean of row k-1 from the registers
+    its loads filled; B) row k's loads are issued into the same registers (its request's metadata is
+    kept in registers and reloaded only when the row crosses into the next request); C) row k-1's
+    norm / RoPE / cast / store and, for a request's first row, the ring refresh. So the HBM loads of
+    row k are in flight during row k-1's store math instead of after it. The weight is loaded and
+    converted once per warp. Ring entries are int32 (one modulo per entry, not per vector access).
+    """
+    fmt = _FORMATS[fmt_name]
+    dim = fmt.dim
+    assert dim == WARP * VEC, dim
+    rpw = rows_per_warp
+    rows_per_cta = warps * rpw
+    half = rope_dim // 2
+    wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte weight loads
+    row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype,
+                               weight_in_registers=True)
+    gated_mean = make_gated_mean_v2(r)
+    load_token, load_ring, store_ring = make_row_io(dim)
+    num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos = T.dynamic(
+        "num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos")
+    cache_bytes = T.dynamic("cache_bytes", "int64")
+
+    @T.prim_func
+    def kernel(
+        projected_kv: T.Tensor((num_tokens, 2 * dim), "float32"),  # [num_tokens, 2 * D] fp32
+        state: T.Tensor((num_slots, ring, 2, dim), "float32"),  # [num_state_slots, S, 2, D] fp32
+        cu_q: T.Tensor((nreq1,), "int32"),  # [num_reqs + 1] int32
+        ctx: T.Tensor((num_reqs,), "int32"),  # [num_reqs] int32, e
+        sbi: T.Tensor((num_reqs,), "int32"),  # [num_reqs] int32, ring slot
+        cu_c: T.Tensor((nreq1,), "int32"),  # [num_reqs + 1] int32, row offsets
+        weight: T.Tensor((dim,), weight_dtype),  # [D] bf16 or fp32
+        cos: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
+        sin: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
+        positions: T.Tensor((rows,), pos_dtype),  # [rows] int32/int64, j * r
+        slots: T.Tensor((rows,), slot_dtype),  # [rows] int32/int64, < 0: skip
+        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
+        out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [rows, D] bf16 (or [1, D] dummy)
+        eps: T.float32,
+        search_steps: T.int32,  # ceil(log32(num_reqs))
+    ):
+        with T.Kernel(T.ceildiv(rows, rows_per_cta), threads=warps * WARP) as bx:
+            if min_ctas_per_sm > 1:
+                T.annotate_min_blocks_per_sm(min_ctas_per_sm)
+            tx = T.get_thread_binding()
+            lane = tx % WARP
+            first_row = bx * rows_per_cta + (tx // WARP) * rpw
+            sc = T.alloc_local([r, VEC], "float32")
+            lt = T.alloc_local([r, VEC], "float32")
+            x = T.alloc_local([VEC], "float32")
+            wl = T.alloc_local([VEC], weight_dtype)
+            wf = T.alloc_local([VEC], "float32")
+            cps = T.alloc_local([1, VEC], "float32")
+            cpl = T.alloc_local([1, VEC], "float32")
+            lo = T.alloc_var("int32")
+            span = T.alloc_var("int32")
+            step = T.alloc_var("int32")
+            cnt = T.alloc_var("int32")
+            req = T.alloc_var("int32")
+            # the current request's metadata (registers; reloaded when a row enters the next request)
+            tok0 = T.alloc_var("int32")
+            tok1 = T.alloc_var("int32")
+            e = T.alloc_var("int32")
+            slot = T.alloc_var("int32")
+            c0 = T.alloc_var("int32")
+            c1 = T.alloc_var("int32")
+            # the row whose loads are in flight (issued in stage B)
+            ok = T.alloc_var("int32")
+            k_in = T.alloc_var("int32")
+            comp = T.alloc_var("int32")
+            n_pos = T.alloc_var("int64")
+            n_slot = T.alloc_var("int64")
+            # the row being stored (stage C), copied in stage A
+            posv = T.alloc_var("int64")
+            slotv = T.alloc_var("int64")
+            c_ok = T.alloc_var("int32")
+            c_first = T.alloc_var("int32")
+            c_s = T.alloc_var("int32")
+            c_e = T.alloc_var("int32")
+            c_tok0 = T.alloc_var("int32")
+            c_slot = T.alloc_var("int32")
+            ent = T.alloc_var("int32")
+            if first_row < rows:
+                # req = the last i with cu_c[i] <= first_row (v1's 32-ary warp search)
+                lo = 0
+                span = num_reqs
+                for _ in T.serial(search_steps):
+                    step = (span + WARP - 1) // WARP
+                    cnt = T.if_then_else(
+                        lane * step < span and cu_c[T.min(lo + lane * step, num_reqs)] <= first_row, 1, 0)
+                    for k in T.unroll(5):
+                        cnt = cnt + T.shfl_xor(cnt, 16 >> k)
+                    lo = lo + T.max(cnt - 1, 0) * step
+                    span = T.min(step, span - T.max(cnt - 1, 0) * step)
+                req = T.min(T.max(lo, 0), num_reqs - 1)
+                tok0 = cu_q[req]
+                tok1 = cu_q[req + 1]
+                e = ctx[req]
+                slot = sbi[req]
+                c0 = cu_c[req]
+                c1 = cu_c[req + 1]
+                for v in T.unroll(VEC // wvec):
+                    for i in T.vectorized(wvec):
+                        wl[v * wvec + i] = weight[lane * VEC + v * wvec + i]
+                for i in T.unroll(VEC):
+                    wf[i] = T.Cast("float32", wl[i])
+                for k in T.serial(rpw + 1):
+                    # A) row k-1: gated mean from its registers (frees them for row k's loads)
+                    if k >= 1 and first_row + k - 1 < rows:
+                        if comp == 1:
+                            gated_mean(sc, lt, x)
+                        else:  # placeholder (nc = 0) or a skipped row: a zero row
+                            for i in T.unroll(VEC):
+                                x[i] = T.float32(0)
+                        posv = n_pos
+                        slotv = n_slot
+                        c_ok = ok
+                        c_first = T.if_then_else(ok == 1 and k_in == 0, 1, 0)
+                        c_s = e - (tok1 - tok0)
+                        c_e = e
+                        c_tok0 = tok0
+                        c_slot = slot
+                    # B) row k: metadata, then its loads (in flight during C)
+                    if k < rpw and first_row + k < rows:
+                        if first_row + k >= c1 and req + 1 < num_reqs:  # every request owns >= 1 row
+                            req = req + 1
+                            tok0 = cu_q[req]
+                            tok1 = cu_q[req + 1]
+                            e = ctx[req]
+                            slot = sbi[req]
+                            c0 = c1
+                            c1 = cu_c[req + 1]
+                        n_pos = T.Cast("int64", positions[first_row + k])
+                        n_slot = T.Cast("int64", slots[first_row + k])
+                        k_in = first_row + k - c0
+                        # the request's metadata addresses only its own chunk and its own ring
+                        ok = T.if_then_else(tok0 >= 0 and tok1 <= num_tokens and e - (tok1 - tok0) >= 0
+                                            and slot >= 0 and slot < num_slots and k_in >= 0, 1, 0)
+                        comp = T.if_then_else(
+                            ok == 1 and k_in < e // r - (e - (tok1 - tok0)) // r, 1, 0)
+                        if comp == 1:
+                            for t in T.unroll(r):
+                                # position p = ((s // r) + k_in) * r + t, s = e - (tok1 - tok0)
+                                if ((e - (tok1 - tok0)) // r + k_in) * r + t >= e - (tok1 - tok0):
+                                    load_token(sc, lt, t, projected_kv,
+                                               tok1 - e + ((e - (tok1 - tok0)) // r + k_in) * r + t, lane)
+                                else:  # the group began before the chunk: the ring holds its inputs
+                                    ent = (((e - (tok1 - tok0)) // r + k_in) * r + t) % ring
+                                    load_ring(sc, lt, t, state, slot, ent, lane)
+                    # C) row k-1: norm, RoPE, cast, store; a request's first row refreshes the ring
+                    if k >= 1 and first_row + k - 1 < rows:
+                        row_store(x, lane, wf, cos, sin, cache, out_norm, posv, slotv, c_ok == 1,
+                                  first_row + k - 1, max_pos, cache_bytes // fmt.row_bytes, eps)
+                        # after this warp's own ring reads (stage A of this row): each lane writes
+                        # the channels it read, so program order keeps old reads before new writes
+                        if c_first == 1:
+                            ent = T.max(c_s, c_e - ring) % ring
+                            for p in T.serial(T.max(c_s, c_e - ring), c_e):
+                                load_token(cps, cpl, 0, projected_kv, c_tok0 + p - c_s, lane)
+                                store_ring(state, c_slot, ent, cps, cpl, 0, lane)
+                                ent = T.if_then_else(ent + 1 == ring, 0, ent + 1)
+
+    return kernel
+
+
+@tilelang.jit(pass_configs=V2_PASS_CONFIGS)
+def compress_store_decode_kernel_v2(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
+                                    has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
+                                    warps: int = V2_DECODE_WARPS):
+    """v2 of ``compress_store_decode_kernel``: same rows, same bits, fewer dependent memory trips.
+
+    The r - 1 previous tokens' inputs are loaded speculatively with the token's own inputs and all
+    metadata (one trip): whenever they belong to the same request (a verification step), they are
+    the group's in-step inputs; only a group whose earlier inputs were written by an earlier step
+    (e.g. every single-token decode) goes back to memory for ring entries. int32 ring entries (one
+    modulo per entry), one expf per channel for r = 2, explicit bounds (no per-access guards).
+    """
+    fmt = _FORMATS[fmt_name]
+    dim = fmt.dim
+    assert dim == WARP * VEC, dim
+    half = rope_dim // 2
+    row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype)
+    gated_mean = make_gated_mean_v2(r)
+    load_token, load_ring, store_ring = make_row_io(dim)
+    num_tokens, num_slots, ring, norm_rows, max_pos = T.dynamic(
+        "num_tokens, num_slots, ring, norm_rows, max_pos")
+    cache_bytes = T.dynamic("cache_bytes", "int64")
+
+    @T.prim_func
+    def kernel(
+        projected_kv: T.Tensor((num_tokens, 2 * dim), "float32"),  # [total_q, 2 * D] fp32
+        state: T.Tensor((num_slots, ring, 2, dim), "float32"),  # [num_state_slots, S, 2, D] fp32
+        ctx: T.Tensor((num_tokens,), "int32"),  # [total_q] int32, position + 1
+        sbi: T.Tensor((num_tokens,), "int32"),  # [total_q] int32, ring slot
+        weight: T.Tensor((dim,), weight_dtype),  # [D] bf16 or fp32
+        cos: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
+        sin: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
+        positions: T.Tensor((num_tokens,), pos_dtype),  # [total_q] int32/int64, j * r or 0
+        slots: T.Tensor((num_tokens,), slot_dtype),  # [total_q] int32/int64, < 0: skip
+        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
+        out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [total_q, D] bf16 (or [1, D] dummy)
+        eps: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as bx:
+            tx = T.get_thread_binding()
+            lane = tx % WARP
+            i = bx * warps + tx // WARP
+            sc = T.alloc_local([r, VEC], "float32")
+            lt = T.alloc_local([r, VEC], "float32")
+            x = T.alloc_local([VEC], "float32")
+            nctx = T.alloc_local([r], "int32")
+            nsbi = T.alloc_local([r], "int32")
+            posv = T.alloc_var("int64")
+            slotv = T.alloc_var("int64")
+            c = T.alloc_var("int32")
+            slot = T.alloc_var("int32")
+            ok = T.alloc_var("int32")
+            ent = T.alloc_var("int32")
+            if i < num_tokens:
+                load_token(sc, lt, r - 1, projected_kv, i, lane)
+                for t in T.unroll(r - 1):  # speculative: token i - (r - 1 - t), clamped to token 0
+                    load_token(sc, lt, t, projected_kv, T.max(i - (r - 1 - t), 0), lane)
+                    nctx[t] = ctx[T.max(i - (r - 1 - t), 0)]
+                    nsbi[t] = sbi[T.max(i - (r - 1 - t), 0)]
+                posv = T.Cast("int64", positions[i])
+                slotv = T.Cast("int64", slots[i])
+                c = ctx[i]
+                slot = sbi[i]
+                ok = T.if_then_else(c >= 1 and slot >= 0 and slot < num_slots, 1, 0)
+                if ok == 1:
+                    # this token's inputs go to the ring; no group of this step reads that entry from
+                    # the ring (in-step inputs come from projected_kv; capacity rule)
+                    ent = (c - 1) % ring
+                    store_ring(state, slot, ent, sc, lt, r - 1, lane)
+                if ok == 1 and (c - 1) % r == r - 1:
+                    for t in T.unroll(r - 1):
+                        # position c - 1 - back: an earlier token of this step, else an earlier step's
+                        if not (i - (r - 1 - t) >= 0 and nsbi[t] == slot and nctx[t] == c - (r - 1 - t)):
+                            ent = (c - 1 - (r - 1 - t)) % ring
+                            load_ring(sc, lt, t, state, slot, ent, lane)
+                    gated_mean(sc, lt, x)
+                else:  # closes no group: a zero row
+                    for j in T.unroll(VEC):
+                        x[j] = T.float32(0)
+                row_store(x, lane, weight, cos, sin, cache, out_norm, posv, slotv, ok == 1, i, max_pos,
+                          cache_bytes // fmt.row_bytes, eps)
+
+    return kernel
+
+
 @functools.lru_cache(maxsize=None)
 def _prefill_kernel(*static):
     return compress_store_prefill_kernel(*static)
@@ -326,6 +659,27 @@ def _prefill_kernel(*static):
 @functools.lru_cache(maxsize=None)
 def _decode_kernel(*static):
     return compress_store_decode_kernel(*static)
+
+
+@functools.lru_cache(maxsize=None)
+def _prefill_kernel_v2(*static):
+    return compress_store_prefill_kernel_v2(*static)
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_kernel_v2(*static):
+    return compress_store_decode_kernel_v2(*static)
+
+
+# v2 prefill: fewer rows per warp for smaller launches (more CTAs: shorter tail waves)
+V2_MANY_ROWS = 131072
+
+
+def _variant(variant):
+    v = VARIANT if variant is None else variant
+    if v not in VARIANTS:
+        raise ValueError(f"compress_store: variant must be one of {VARIANTS}, got {v!r}")
+    return v
 
 
 def _search_steps(num_reqs: int) -> int:
@@ -347,7 +701,7 @@ def _static(fmt, r, rope_dim, interleaved, out_norm, norm_weight, positions, slo
 def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
                            cu_compressed, compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping,
                            kv_cache, fmt, *, out_norm=None, num_rows=None, rope_dim=64,
-                           interleaved=True) -> None:
+                           interleaved=True, variant=None) -> None:
     """cache[slot_mapping[j]] = cast(rope(rmsnorm(gated_mean(group j)))), ring updated; one launch.
 
     Same arguments and results as ``reference.compress_store.compress_store_prefill_ref``:
@@ -355,6 +709,7 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
     fp32 (in place), cu_seqlens_q/context_lens/state_block_idx/cu_compressed int32 metadata,
     norm_weight [D] bf16/fp32, cos/sin [max_position, rope_dim/2] fp32, positions/slot_mapping
     [rows] int32/int64, kv_cache uint8 (in place), out_norm optional [rows, D] bf16. Returns None.
+    ``variant``: "v1" / "v2" (None: the module's ``VARIANT``); same bytes, different launch path.
     """
     dims = check_compress_store_prefill_args(
         projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
@@ -370,7 +725,12 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
     if dims.store.rows == 0:
         return
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
-    _prefill_kernel(*static, PREFILL_ROWS_PER_WARP, WARPS)(
+    if _variant(variant) == "v1":
+        launch = _prefill_kernel(*static, PREFILL_ROWS_PER_WARP, WARPS)
+    else:
+        rpw = V2_ROWS_PER_WARP if dims.store.rows >= V2_MANY_ROWS else max(1, V2_ROWS_PER_WARP // 2)
+        launch = _prefill_kernel_v2(*static, rpw, V2_WARPS, V2_MIN_CTAS_PER_SM)
+    launch(
         projected_kv.contiguous(), state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(),
         state_block_idx.contiguous(), cu_compressed.contiguous(), norm_weight.contiguous(), cos.contiguous(),
         sin.contiguous(), positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1), norm,
@@ -379,10 +739,11 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
 
 def compress_store_decode(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
                           compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
-                          *, out_norm=None, rope_dim=64, interleaved=True) -> None:
+                          *, out_norm=None, rope_dim=64, interleaved=True, variant=None) -> None:
     """Decode / verification step, fused: ring writes, groups closing in the step, their cache rows.
 
     Same arguments and results as ``reference.compress_store.compress_store_decode_ref``. Returns None.
+    ``variant`` as in ``compress_store_prefill``.
     """
     dims = check_compress_store_decode_args(
         projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio, norm_weight,
@@ -397,7 +758,9 @@ def compress_store_decode(projected_kv, state_cache, context_lens, state_block_i
     if dims.store.rows == 0:
         return
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
-    _decode_kernel(*static, DECODE_WARPS)(
+    launch = (_decode_kernel(*static, DECODE_WARPS) if _variant(variant) == "v1"
+              else _decode_kernel_v2(*static, V2_DECODE_WARPS))
+    launch(
         projected_kv.contiguous(), state_cache, context_lens.contiguous(), state_block_idx.contiguous(),
         norm_weight.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous(),
         slot_mapping.contiguous(), kv_cache.view(-1), norm, float(eps))
