@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from metadata.cache_engine import check_kernel_ratio, check_ring_capacity
+from metadata.cache_engine import check_compress_ratio, check_kernel_ratio, check_ring_capacity
 from metadata.checks import check_same_device, check_tensor
 
 
@@ -155,3 +155,30 @@ def check_decode_values(projected_kv, state_cache, context_lens, state_block_idx
             run = 1
         if run > max_seqlen_q:
             raise ValueError(f"slot {slot} has more than max_seqlen_q={max_seqlen_q} tokens in this step")
+
+
+def _metadata_rows(metadata, compress_ratio: int):
+    """The builder's host row count ``num_rows[str(r)]`` when present (saves a device sync)."""
+    num = getattr(metadata, "num_rows", None)
+    num = num.get(str(compress_ratio)) if isinstance(num, dict) else None
+    return num if isinstance(num, int) and not isinstance(num, bool) else None
+
+
+def dispatch_compress(prefill_fn, decode_fn, projected_kv, state_cache, metadata, compress_ratio: int,
+                      is_prefill: bool, *, compress_overlap: bool = False, use_ape: bool = False):
+    """The engine's ``compress`` entry point, shared by the reference and the kernel wrapper.
+
+    C1 passes its BF16 input through (no state); C2 calls ``prefill_fn`` or ``decode_fn`` with the
+    fields of ``metadata`` (an ``InputMetadata``, duck-typed: ``cu_seqlens_q, context_lens,
+    state_block_idx, max_seqlen_q`` and ``cu_compressed[str(r)]``, optionally ``num_rows[str(r)]``).
+    """
+    check_compress_ratio(compress_ratio, compress_overlap=compress_overlap, use_ape=use_ape)
+    if compress_ratio == 1:
+        check_tensor("projected_kv", projected_kv, dtype=torch.bfloat16, ndim=2)
+        return projected_kv
+    if is_prefill:
+        return prefill_fn(projected_kv, state_cache, metadata.cu_seqlens_q, metadata.context_lens,
+                          metadata.state_block_idx, metadata.cu_compressed[str(compress_ratio)],
+                          compress_ratio, num_rows=_metadata_rows(metadata, compress_ratio))
+    return decode_fn(projected_kv, state_cache, metadata.context_lens, metadata.state_block_idx,
+                     int(metadata.max_seqlen_q), compress_ratio)

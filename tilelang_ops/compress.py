@@ -20,13 +20,13 @@ import tilelang
 import tilelang.language as T
 import torch
 
-from metadata.cache_engine import check_compress_ratio, check_kernel_ratio
-from metadata.checks import check_cuda, check_tensor, debug_checks_enabled
+from metadata.checks import check_cuda, debug_checks_enabled
 from metadata.compress_args import (
     check_decode_args,
     check_decode_values,
     check_prefill_args,
     check_prefill_values,
+    dispatch_compress,
 )
 
 THREADS = 128
@@ -387,27 +387,11 @@ def compress_decode(projected_kv, state_cache, context_lens, state_block_idx, ma
     return kv
 
 
-def _metadata_rows(metadata, compress_ratio):
-    """The builder's host row count ``num_rows[str(r)]`` when present (saves a device sync)."""
-    num = getattr(metadata, "num_rows", None)
-    num = num.get(str(compress_ratio)) if isinstance(num, dict) else None
-    return num if isinstance(num, int) and not isinstance(num, bool) else None
-
-
 def compress(projected_kv, state_cache, metadata, compress_ratio, is_prefill, *,
              compress_overlap=False, use_ape=False):
     """Engine entry point: C1 passes its BF16 input through; C2 compresses (prefill or decode).
 
     ``metadata`` has ``cu_seqlens_q, context_lens, state_block_idx, max_seqlen_q`` and
     ``cu_compressed[str(r)]`` (an ``InputMetadata``; duck-typed)."""
-    check_compress_ratio(compress_ratio, compress_overlap=compress_overlap, use_ape=use_ape)
-    if compress_ratio == 1:
-        check_tensor("projected_kv", projected_kv, dtype=torch.bfloat16, ndim=2)
-        return projected_kv
-    check_kernel_ratio(compress_ratio)
-    if is_prefill:
-        return compress_prefill(projected_kv, state_cache, metadata.cu_seqlens_q, metadata.context_lens,
-                                metadata.state_block_idx, metadata.cu_compressed[str(compress_ratio)],
-                                compress_ratio, num_rows=_metadata_rows(metadata, compress_ratio))
-    return compress_decode(projected_kv, state_cache, metadata.context_lens, metadata.state_block_idx,
-                           int(metadata.max_seqlen_q), compress_ratio)
+    return dispatch_compress(compress_prefill, compress_decode, projected_kv, state_cache, metadata,
+                             compress_ratio, is_prefill, compress_overlap=compress_overlap, use_ape=use_ape)
