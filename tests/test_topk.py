@@ -541,8 +541,11 @@ def test_gpu_topk_exact(case):
 VARIANT_CASES = [
     GpuCase("randn", 7, 2048, 512, "random"),
     GpuCase("special", 7, 100, 16, "random", "bf16", "sorted"),
+    GpuCase("randn", 64, 32768, 2048),  # 32768 row-cache tier: v2 samples + compacts candidates
     GpuCase("few", 64, 32768, 2048),
     GpuCase("equal", 64, 32768, 2048),
+    GpuCase("special", 16, 30000, 3000, "random", "bf16"),
+    GpuCase("randn", 16, 20000, 4096, "random", mode="sorted"),
     GpuCase("conc", 128, 8192, 512, "random", "bf16"),
     GpuCase("tiny", 128, 8192, 4096, "random", mode="sorted"),
     GpuCase("randn", 2, 65536, 2048, "random"),

@@ -67,10 +67,13 @@ SMALL_CACHE = 4096  # short rows use a 16 KiB cache so several CTAs fit on an SM
 # Kernel variants (a static kernel argument; both stay compiled and tested):
 # * "v1": GPU-verified (exact on every test case): histogram adds aggregated with match_any_sync; a tile
 #   is UNROLL strips of THREADS entries and its ordered scans run once per strip.
-# * "v2": the same algorithm and decisions with cheaper on-chip work: a warp whose lanes all hit one bin
-#   adds 32 once, else every lane adds 1 (no match_any_sync); a warp owns UNROLL * 32 consecutive entries
-#   of a tile (still one coalesced 128 B load per instruction), so the ordered scans (compaction and the
-#   final pass) need one count per warp and one cross-warp scan per tile instead of one per strip.
+# * "v2": the same algorithm with cheaper on-chip work: a warp whose lanes all hit one bin adds 32 once,
+#   else every lane adds 1 (no match_any_sync); a warp owns UNROLL * 32 consecutive entries of a tile
+#   (still one coalesced 128 B load per instruction), so the ordered scans (compaction and the final
+#   pass) need one count per warp and one cross-warp scan per tile instead of one per strip; global
+#   loads are software-pipelined (tile it + 1 in flight while tile it is processed); the lane class
+#   rides in the rank register (no spills); and the 32768 row-cache tier also samples a threshold bound
+#   and compacts candidates in pass 0 (rows > 2 * TILE), so its later passes read <= CAND keys.
 VARIANTS = ("v1", "v2")
 TOPK_VARIANT = "v2"  # what topk / topk_to_slots launch; "v1" is the fallback
 
@@ -100,7 +103,10 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
     b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
     nc, mb = T.dynamic("nc, mb")
     cache = max(cache_cap, 1)
-    n_cand = CAND if cache_cap == 0 else 1
+    # candidate list (compacted keys >= a sampled threshold bound): uncached rows; in v2 also the 32768
+    # row-cache tier, whose later passes then run on the short list instead of the whole cached row
+    use_cand = cache_cap == 0 or (variant == "v2" and cache_cap > 2 * TILE)
+    n_cand = CAND if use_cand else 1
     SIGN, ZERO, ABS = T.uint32(0x80000000), T.uint32(0), T.uint32(0x7FFFFFFF)
     INF_BITS, KEY_MAX = T.uint32(0x7F800000), T.uint32(0xFFFFFFFF)
     NO_BIN = T.uint32(0xFFFFFFFF)  # lane that adds nothing to the histogram
@@ -129,7 +135,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             s_sel = T.alloc_shared([4], "int32")
             s_mm = T.alloc_shared([2, WARPS], "uint32")  # per-warp min / max of the matching keys
             s_keys = T.alloc_shared([cache], "uint32")  # whole-row key cache (cache_cap > 0)
-            s_ck = T.alloc_shared([n_cand], "uint32")  # candidate keys, ascending index (cache_cap == 0)
+            s_ck = T.alloc_shared([n_cand], "uint32")  # candidate keys, ascending index (use_cand)
             s_ci = T.alloc_shared([n_cand], "int32")  # their row indices
             kb = T.alloc_local([UNROLL], "uint32")  # keys of this thread's UNROLL lanes of a tile
             kn = T.alloc_local([UNROLL], "uint32")  # v2: raw bits of the next tile (loads in flight)
@@ -200,7 +206,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             spec = 0
             spec_n = 0
             lo_est = ZERO
-            if cache_cap == 0:
+            if use_cand:
                 # Long rows: guess a lower bound lo_est of the threshold from a sample (8 chunks of 1024
                 # entries spread over the row), so that pass 0 can also compact the keys >= lo_est. The
                 # guess is verified exactly at the end of pass 0 (k <= count <= CAND), else unused.
@@ -299,7 +305,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                             i = _lin(variant, it, u, tx)
                             if p > 0 and cache_cap > 0 and src == 1:
                                 kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
-                            elif p > 0 and cache_cap == 0 and src == 2:
+                            elif p > 0 and use_cand and src == 2:
                                 kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
                             elif variant == "v2":
                                 kb[u] = kn[u]
@@ -348,7 +354,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                         T.atomic_add(s_hist[T.Cast("int32", b0)], 32)
                                 elif bv != NO_BIN:
                                     T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
-                        if cache_cap == 0:
+                        if use_cand:
                             if spec == 1:
                                 # pass 0 of a long row: ordered compaction of the keys >= lo_est
                                 if variant == "v1":
@@ -449,7 +455,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     if p == 0 and cache_cap > 0:
                         if e <= cache_cap:
                             src = 1  # later passes read the row's keys from shared memory
-                    if cache_cap == 0:
+                    if use_cand:
                         if spec == 1:
                             # at least k keys >= lo_est: the k-th largest (the threshold) is >= lo_est, so
                             # every winner is in the compacted list (also when `done` already)
@@ -555,7 +561,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     i = _lin(variant, it, u, tx)
                     if cache_cap > 0 and src == 1:
                         kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
-                    elif cache_cap == 0 and src == 2:
+                    elif use_cand and src == 2:
                         kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
                     elif variant == "v2":
                         kb[u] = kn[u]
@@ -608,7 +614,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                             pos = d_before + T.min(t_before, kk)
                             if pos < k:
                                 oi = i  # row index of this entry (a var: reassigned below)
-                                if cache_cap == 0:
+                                if use_cand:
                                     if src == 2:
                                         oi = s_ci[i]
                                 j = T.Cast("int64", oi)
@@ -668,7 +674,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                             pos = d_before + T.min(t_before, kk)
                             if pos < k:
                                 oi = i  # row index of this entry (a var: reassigned below)
-                                if cache_cap == 0:
+                                if use_cand:
                                     if src == 2:
                                         oi = s_ci[i]
                                 j = T.Cast("int64", oi)
