@@ -1,0 +1,137 @@
+# ruff: noqa: E501  (embedded C++ and case tables)
+"""CPU emulation of generated TileLang CUDA kernels (written for compress_store; warp shuffles, BF16/e4m3): one std::thread per CUDA thread, the
+32 threads of a warp meet at a barrier for every __shfl_xor_sync, blocks run one after another in a
+chosen order (forward, reverse, or a permutation). FP32 ops are IEEE (-ffp-contract=off), BF16 and
+e4m3 conversions are RNE (e4m3 satfinite, as cvt.rn.satfinite)."""
+import ctypes
+import hashlib
+import os
+import re
+import subprocess
+
+WORK = os.environ.get("CUDA_EMU_DIR", "/tmp/cuda_emu")
+
+SHIM = r'''
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <barrier>
+#include <thread>
+#include <vector>
+#include <algorithm>
+#include <type_traits>
+typedef unsigned char uchar; typedef unsigned int uint; typedef unsigned short ushort;
+struct dim3_ { int x, y, z; };
+static thread_local dim3_ threadIdx;
+static dim3_ blockIdx;
+struct Warp { std::barrier<>* bar; uint64_t slot[32]; };
+static thread_local Warp* t_warp;
+#define __global__
+#define __launch_bounds__(...)
+#define __restrict__
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
+struct uint2 { uint32_t x, y; };
+struct uint4 { uint32_t x, y, z, w; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+static inline uint32_t fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+struct bfloat16_t { uint16_t bits; bfloat16_t() = default;
+  explicit bfloat16_t(float f) { uint32_t u = fbits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) bits = (u >> 16) | 0x40; else { u += 0x7fffu + ((u >> 16) & 1u); bits = u >> 16; } }
+  explicit operator float() const { uint32_t u = uint32_t(bits) << 16; float f; memcpy(&f, &u, 4); return f; } };
+struct __nv_bfloat162 { bfloat16_t x, y; };
+inline __nv_bfloat162 __float22bfloat162_rn(float2 v) { return {bfloat16_t(v.x), bfloat16_t(v.y)}; }
+static uint8_t e4m3(float f) {
+  uint32_t u = fbits(f); uint8_t sign = (u >> 24) & 0x80;
+  if (std::isnan(f)) return 0x7f;
+  double a = std::fabs((double)f);
+  uint8_t code;
+  if (a < std::ldexp(1.0, -6)) { code = (uint8_t)std::nearbyint(a * 512.0); }
+  else { int e; std::frexp(a, &e); e -= 1;  /* a in [2^e, 2^(e+1)) */
+    double q = std::nearbyint(std::ldexp(a, 3 - e));
+    if (q == 16.0) { q = 8.0; e += 1; }
+    if (e + 7 > 15) code = 0x7e; else { int c = ((e + 7) << 3) | ((int)q - 8); code = c > 0x7e ? 0x7e : (uint8_t)c; } }
+  return sign | code; }
+struct fp8_e4_t { uint8_t bits; fp8_e4_t() = default; explicit fp8_e4_t(float f) : bits(e4m3(f)) {}
+  explicit operator float() const { int e = (bits >> 3) & 15, m = bits & 7; double v = e ? std::ldexp(1.0 + m / 8.0, e - 7) : std::ldexp((double)m, -9);
+    return (float)((bits & 0x80) ? -v : v); } };
+struct fp8_e4_4_t { fp8_e4_t v[4]; };
+typedef uint16_t __nv_fp8x2_storage_t;
+#define __NV_SATFINITE 1
+#define __NV_E4M3 0
+inline __nv_fp8x2_storage_t __nv_cvt_float2_to_fp8x2(float2 v, int, int) { return (uint16_t)e4m3(v.x) | ((uint16_t)e4m3(v.y) << 8); }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline float min(float a, float b) { return std::fmin(a, b); }
+template <class A, class B> inline typename std::common_type<A, B>::type max(A a, B b) { typedef typename std::common_type<A, B>::type C; return (C)a > (C)b ? (C)a : (C)b; }
+template <class A, class B> inline typename std::common_type<A, B>::type min(A a, B b) { typedef typename std::common_type<A, B>::type C; return (C)a < (C)b ? (C)a : (C)b; }
+template <class T> inline T __shfl_xor_sync(uint, T v, int m, int) {
+  static_assert(sizeof(T) <= 8, ""); Warp* w = t_warp; int lane = threadIdx.x & 31;
+  uint64_t b = 0; memcpy(&b, &v, sizeof(T)); w->slot[lane] = b; w->bar->arrive_and_wait();
+  uint64_t o = w->slot[lane ^ m]; w->bar->arrive_and_wait(); T r; memcpy(&r, &o, sizeof(T)); return r; }
+'''
+
+
+def _launcher(kname, params, names):
+    return f'''
+extern "C" void launch(int grid, int threads, const int* order, {params}) {{
+  int warps = threads / 32;
+  for (int bi = 0; bi < grid; ++bi) {{
+    blockIdx.x = order[bi];
+    std::vector<std::barrier<>*> bars; std::vector<Warp> ws(warps);
+    for (int w = 0; w < warps; ++w) {{ ws[w].bar = new std::barrier<>(32); }}
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t) ts.emplace_back([&, t] {{ threadIdx.x = t; t_warp = &ws[t / 32]; {kname}({", ".join(names)}); }});
+    for (auto& th : ts) th.join();
+    for (int w = 0; w < warps; ++w) delete ws[w].bar;
+  }}
+}}
+'''
+
+
+def build(src):
+    body = "\n".join(l for l in src.splitlines() if not l.startswith("#"))
+    sig = re.search(r'extern "C" __global__ void (\w+)\((.*?)\);', src)
+    kname, params = sig.group(1), sig.group(2)
+    params_c = params.replace("__restrict__", "")
+    names = [p.strip().split()[-1] for p in params_c.split(",")]
+    types = [" ".join(p.strip().split()[:-1]) for p in params_c.split(",")]
+    code = SHIM + body + _launcher(kname, params_c, names)
+    h = hashlib.md5(code.encode()).hexdigest()[:12]
+    os.makedirs(WORK, exist_ok=True)
+    cpp, so = f"{WORK}/emu_{h}.cpp", f"{WORK}/emu_{h}.so"
+    if not os.path.exists(so):
+        open(cpp, "w").write(code)
+        subprocess.check_call(["g++", "-O1", "-std=c++20", "-ffp-contract=off", "-fno-strict-aliasing", "-shared",
+                               "-fPIC", "-pthread", "-w", cpp, "-o", so])
+    return ctypes.CDLL(so), names, types
+
+
+class Emu:
+    def __init__(self, src):
+        self.lib, self.names, self.types = build(src)
+
+    def __call__(self, grid, threads, order, **kw):
+        import torch
+
+        cargs = []
+        for n, t in zip(self.names, self.types):
+            v = kw[n]
+            if "*" in t:
+                assert v.is_contiguous() and v.device.type == "cpu", n
+                cargs.append(ctypes.c_void_p(v.data_ptr()))
+            elif "int64" in t:
+                cargs.append(ctypes.c_int64(int(v)))
+            elif t == "float":
+                cargs.append(ctypes.c_float(float(v)))
+            else:
+                cargs.append(ctypes.c_int(int(v)))
+        order = torch.tensor(order, dtype=torch.int32)
+        assert sorted(order.tolist()) == list(range(grid))
+        self.lib.launch(ctypes.c_int(grid), ctypes.c_int(threads), ctypes.c_void_p(order.data_ptr()), *cargs)
