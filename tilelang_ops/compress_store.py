@@ -59,7 +59,7 @@ from metadata.compress_store_args import (
     check_compress_store_prefill_args,
     check_compress_store_prefill_values,
 )
-from tilelang_ops.kv_store import _TORCH_TO_TL, VEC, _dummy_norm, kernel_supports, make_row_store
+from tilelang_ops.kv_store import _TORCH_TO_TL, VEC, _dummy_norm, _f32, kernel_supports, make_row_store
 
 WARP = 32
 # Launch shape (module-level so a benchmark sweep can change them between calls; they are static
@@ -149,12 +149,18 @@ def make_gated_mean(r: int):
 
 
 def make_gated_mean_v2(r: int):
-    """``make_gated_mean`` with one ``expf`` per channel for r = 2, same bits for every input.
+    """``make_gated_mean`` with one ``expf`` per channel for r = 2, same bits.
 
-    With m = max(s0, s1), one of d_t = s_t - m is +0 for finite scores and expf(+-0) = 1 exactly, so
-    only the other difference needs expf; w = 1 is then multiplied and added exactly like v1's expf(0).
-    A lane where some channel has no zero difference (an infinite or NaN score) takes v1's two-expf
-    sequence, so non-finite inputs give v1's bits too. Other ratios use ``make_gated_mean``.
+    For finite scores, m = max(s0, s1) is one of them, so that score's difference is +0 and its
+    weight expf(+0) = 1 exactly; the other difference is s_min - s_max = -|s0 - s1| (IEEE subtraction
+    is sign-symmetric). With diff = s0 - s1 and e = expf(-|diff|):
+        den = 1 + e                      (v1: w0 + w1, either order: FP32 addition commutes)
+        num = v_big + e * v_small        (v1: w0 * v0 + w1 * v1 with one weight 1: 1 * v = v)
+    where v_big is the latent of the larger score (s0 when diff >= 0; equal scores give e = 1, either
+    way). A NaN latent gives a NaN row in both (v1's 1 * NaN and this sum both end in the BF16 cast's
+    canonical NaN). The lane takes this path when the sum of its 16 diffs is finite, i.e. every score
+    pair is finite and no difference overflows; otherwise it runs v1's two-expf sequence (so infinite
+    or NaN scores give v1's bits). Other ratios use ``make_gated_mean``.
     """
     if r != 2:
         return make_gated_mean(r)
@@ -162,26 +168,23 @@ def make_gated_mean_v2(r: int):
 
     @T.macro
     def gated_mean(sc, lt, x):
-        d0 = T.alloc_local([VEC], "float32")
-        d1 = T.alloc_local([VEC], "float32")
-        fast = T.alloc_var("int32")
-        fast = 1
+        diff = T.alloc_local([VEC], "float32")
+        acc = T.alloc_var("float32")
+        acc = T.float32(0)
         for i in T.unroll(VEC):
-            d0[i] = T.ieee_sub(sc[0, i], T.max(sc[0, i], sc[1, i]))
-            d1[i] = T.ieee_sub(sc[1, i], T.max(sc[0, i], sc[1, i]))
-            fast = fast & T.if_then_else(d0[i] == T.float32(0) or d1[i] == T.float32(0), 1, 0)
-        if fast == 1:
+            diff[i] = T.ieee_sub(sc[0, i], sc[1, i])
+            acc = T.ieee_add(acc, diff[i])  # inf / NaN once any diff is (and stays so)
+        if T.abs(acc) <= _f32(3.4028234663852886e38):
             for i in T.unroll(VEC):
-                e = _expf(T.if_then_else(d0[i] == T.float32(0), d1[i], d0[i]))
-                w0 = T.if_then_else(d0[i] == T.float32(0), T.float32(1), e)
-                w1 = T.if_then_else(d0[i] == T.float32(0), e, T.float32(1))
+                e = _expf(-T.abs(diff[i]))
                 x[i] = T.Cast("float32", T.Cast("bfloat16", T.ieee_fdiv(
-                    T.ieee_add(T.ieee_mul(w0, lt[0, i]), T.ieee_mul(w1, lt[1, i])), T.ieee_add(w0, w1))))
+                    T.ieee_add(T.if_then_else(diff[i] >= T.float32(0), lt[0, i], lt[1, i]),
+                               T.ieee_mul(e, T.if_then_else(diff[i] >= T.float32(0), lt[1, i], lt[0, i]))),
+                    T.ieee_add(_f32(1.0), e))))
         else:
             slow(sc, lt, x)
 
     return gated_mean
-
 
 def make_row_io(dim: int):
     """``@T.macro``s moving one position's (score, latent) channels of this lane, 16-byte vectors:

@@ -105,11 +105,11 @@ CASES = [
 
 
 
-MUTATIONS = {  # generated-source edits that must make v2 disagree with the reference
-    "w0_off_by_an_ulp": ("float w0 = condval_3;", "float w0 = condval_3 * 1.0000001f;"),
-    "ring_entry_not_advanced": ("ent = condval_8;", "ent = ent;"),
+MUTATIONS = {  # generated-source edits (first occurrence) that must make v2 disagree with the reference
+    "weight_off_by_1e-4": ("float e_1 = expf(", "float e_1 = 1.0001f * expf("),
+    "diff_sign": ("diff[i_1] = __fsub_rn(sc[i_1], sc[(i_1 + 16)]);", "diff[i_1] = __fsub_rn(sc[(i_1 + 16)], sc[i_1]);"),
+    "ring_read_entry": ("% ring);", "+ 1) % ring;"),
     "stale_request_row_offset": ("c0 = c1;", "c0 = c0;"),
-    "fast_path_argument": ("condval_2 = d1[i_2];", "condval_2 = d1[i_2] * 0.5f;"),
 }
 
 
@@ -125,7 +125,7 @@ def mutation_check():
             s = orig(*args, **kw)
             if args[0] == "p2":
                 assert a in s, a
-                s = s.replace(a, b)
+                s = s.replace(a, b, 1)
             return s
         source = mutated
         _emus.clear()
