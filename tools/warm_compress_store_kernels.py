@@ -37,7 +37,13 @@ def configs():
         else:
             out.append(("d1", static + (cs.DECODE_WARPS,)))
             out.append(("d2", static + (cs.V2_DECODE_WARPS,)))
-    return out
+    # the benchmark's COMPRESS_STORE_SWEEP shapes (1M FP8 tokens without out_norm, b4096q6)
+    from benchmarks.bench_compress_store import DECODE_SHAPES, PREFILL_SHAPES
+
+    bench = ("fp8_main", 2, 64, True, False, "bfloat16", "int32", "int32")
+    out += [("p2", bench + shape) for shape in PREFILL_SHAPES]
+    out += [("d2", ("fp8_main", 2, 64, True, True, "bfloat16", "int32", "int32", w)) for w in DECODE_SHAPES]
+    return list(dict.fromkeys(out))
 
 
 def compile_one(item):
