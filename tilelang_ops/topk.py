@@ -21,7 +21,8 @@ Top-k algorithm (one CTA of 1024 threads per row), exact and deterministic:
   the passes simply keep reading the row: slower, still exact. Speculation: long rows first estimate a
   lower bound of the threshold from a sample (8 chunks of 1024 spread over the row) and pass 0 compacts
   the keys above it on the fly; when that list turns out to hold >= k and <= CAND keys (checked exactly)
-  the row is read only once (+ the sample), else it is ignored.
+  the row is read only once (+ the sample), else it is ignored. (Variant v2, the default, differs in
+  the on-chip work only: see VARIANTS below.)
 * Final ordered pass: a key above hi is taken; a key in [lo, hi] is taken iff fewer than `kk` such keys
   precede it (block-wide ordered prefix counts with warp ballots), which gives ties to
   the lower index. The write position is the ordered count of taken lanes before it, so the output is in
@@ -72,8 +73,11 @@ SMALL_CACHE = 4096  # short rows use a 16 KiB cache so several CTAs fit on an SM
 #   (still one coalesced 128 B load per instruction), so the ordered scans (compaction and the final
 #   pass) need one count per warp and one cross-warp scan per tile instead of one per strip; global
 #   loads are software-pipelined (tile it + 1 in flight while tile it is processed); the lane class
-#   rides in the rank register (no spills); and the 32768 row-cache tier also samples a threshold bound
-#   and compacts candidates in pass 0 (rows > 2 * TILE), so its later passes read <= CAND keys.
+#   rides in the rank register (no spills). Rows > 2 * TILE (uncached and the 32768 row-cache tier)
+#   read the row once *only* to compact the keys >= the sampled bound (no histogram work in that
+#   read); when the exact count is in [k, CAND] all three radix passes and the ordered pass run on that
+#   list in shared memory, else the passes read the row cache / the row as in v1 (one extra read).
+#   The generated v1 code is unchanged (its TIR equals the GPU-verified kernel's, unused vars aside).
 VARIANTS = ("v1", "v2")
 TOPK_VARIANT = "v2"  # what topk / topk_to_slots launch; "v1" is the fallback
 
@@ -107,6 +111,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
     # row-cache tier, whose later passes then run on the short list instead of the whole cached row
     use_cand = cache_cap == 0 or (variant == "v2" and cache_cap > 2 * TILE)
     n_cand = CAND if use_cand else 1
+    CACHE_SRC = 1 if cache_cap > 0 else 0  # src value of the row cache, when there is one
     SIGN, ZERO, ABS = T.uint32(0x80000000), T.uint32(0), T.uint32(0x7FFFFFFF)
     INF_BITS, KEY_MAX = T.uint32(0x7F800000), T.uint32(0xFFFFFFFF)
     NO_BIN = T.uint32(0xFFFFFFFF)  # lane that adds nothing to the histogram
@@ -282,6 +287,63 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     spec = 1
                     T.sync_threads()  # s_hist / s_mm / s_scan / s_sel are reused by pass 0
 
+            if variant == "v2" and use_cand:
+                # v2: a compaction-only read of the row (no histogram work): the keys >= lo_est in index
+                # order, with their row indices. When k <= count <= CAND (exact count) every winner is
+                # in the list and all radix passes run on it; else they read the row (or its cache).
+                if spec == 1:
+                    for u in T.unroll(UNROLL):
+                        i = _lin(variant, 0, u, tx)
+                        kn[u] = T.if_then_else(i < ne, T.reinterpret("uint32",
+                                                                     T.Cast("float32", scores[base + i])),
+                                               ZERO)
+                    for it in T.serial(T.ceildiv(ne, TILE)):
+                        for u in T.unroll(UNROLL):
+                            kb[u] = kn[u]
+                        for u in T.unroll(UNROLL):
+                            i = _lin(variant, it + 1, u, tx)
+                            kn[u] = T.if_then_else(i < ne, T.reinterpret("uint32",
+                                                                         T.Cast("float32", scores[base + i])),
+                                                   ZERO)
+                        for u in T.unroll(UNROLL):
+                            kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
+                            kb[u] = T.if_then_else(
+                                (kb[u] & ABS) > INF_BITS, KEY_MAX,
+                                T.if_then_else(kb[u] >= SIGN, ~kb[u], kb[u] | SIGN))
+                            if cache_cap > 0:
+                                i = _lin(variant, it, u, tx)
+                                if T.And(e <= cache_cap, i < ne):
+                                    s_keys[i] = kb[u]
+                        wsum = 0
+                        for u in T.unroll(UNROLL):
+                            i = _lin(variant, it, u, tx)
+                            dm = T.Cast("uint32", T.ballot_sync(T.And(i < ne, kb[u] >= lo_est)))
+                            inl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo_est),
+                                                    wsum + T.Cast("int32", T.popcount(dm & lt)), -1)
+                            wsum = wsum + T.Cast("int32", T.popcount(dm))
+                        if lane == 0:
+                            s_scan[it % 2, 0, warp] = wsum
+                        T.sync_threads()
+                        wtot = s_scan[it % 2, 0, lane]
+                        tmp = T.if_then_else(lane < warp, wtot, 0)
+                        for o in (16, 8, 4, 2, 1):
+                            tmp = tmp + T.shfl_xor(tmp, o)
+                            wtot = wtot + T.shfl_xor(wtot, o)
+                        for u in T.unroll(UNROLL):
+                            i = _lin(variant, it, u, tx)
+                            pos = spec_n + tmp + inl[u]
+                            if T.And(inl[u] >= 0, pos < CAND):
+                                s_ck[pos] = kb[u]
+                                s_ci[pos] = i
+                        spec_n = spec_n + wtot
+                    T.sync_threads()
+                    # at least k keys >= lo_est: the k-th largest (the threshold) is >= lo_est, so every
+                    # winner is in the list; else the row cache (filled above) or the row itself
+                    src = T.if_then_else(T.And(spec_n >= k, spec_n <= CAND), 2,
+                                         T.if_then_else(e <= cache_cap, CACHE_SRC, 0))
+                    ne = T.if_then_else(src == 2, spec_n, ne)
+                    spec = 0
+
             for p in range(PASSES):
                 if done == 0:
                     # bins of 2^sh keys over [lo, hi]: at most BINS of them (hi > lo while not done)
@@ -303,16 +365,22 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                         # all UNROLL loads first (memory-level parallelism), then the keys
                         for u in T.unroll(UNROLL):
                             i = _lin(variant, it, u, tx)
-                            if p > 0 and cache_cap > 0 and src == 1:
-                                kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
-                            elif p > 0 and use_cand and src == 2:
-                                kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
-                            elif variant == "v2":
-                                kb[u] = kn[u]
-                            else:
-                                kb[u] = T.if_then_else(
-                                    i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])),
-                                    ZERO)
+                            if variant == "v1":
+                                if p > 0 and cache_cap > 0 and src == 1:
+                                    kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
+                                elif p > 0 and use_cand and src == 2:
+                                    kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
+                                else:
+                                    kb[u] = T.if_then_else(
+                                        i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])),
+                                        ZERO)
+                            else:  # v2: the source is set before pass 0 too (candidate pre-pass)
+                                if cache_cap > 0 and src == 1:
+                                    kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
+                                elif use_cand and src == 2:
+                                    kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
+                                else:
+                                    kb[u] = kn[u]
                         if variant == "v2":
                             if src == 0:
                                 for u in T.unroll(UNROLL):
@@ -354,7 +422,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                         T.atomic_add(s_hist[T.Cast("int32", b0)], 32)
                                 elif bv != NO_BIN:
                                     T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
-                        if use_cand:
+                        if use_cand and variant == "v1":
                             if spec == 1:
                                 # pass 0 of a long row: ordered compaction of the keys >= lo_est
                                 if variant == "v1":
@@ -454,8 +522,11 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     T.sync_threads()  # s_hist / s_sel / s_scan are rewritten next
                     if p == 0 and cache_cap > 0:
                         if e <= cache_cap:
-                            src = 1  # later passes read the row's keys from shared memory
-                    if use_cand:
+                            if variant == "v1":
+                                src = 1  # later passes read the row's keys from shared memory
+                            else:
+                                src = T.if_then_else(src == 0, 1, src)  # (2: the candidate list)
+                    if use_cand and variant == "v1":
                         if spec == 1:
                             # at least k keys >= lo_est: the k-th largest (the threshold) is >= lo_est, so
                             # every winner is in the compacted list (also when `done` already)
