@@ -553,6 +553,8 @@ VARIANT_CASES = [
     GpuCase("sorted", 4, 131072, 2048),
     GpuCase("ascending", 4, 131072, 4096, mode="sorted"),
     GpuCase("randn", 16, 131072, 2048),
+    GpuCase("equal", 4, 131072, 2048),  # candidate list never fits: the passes read the row
+    GpuCase("conc", 4, 131072, 2048, "random"),
     GpuCase("few", 1, 1 << 20, 4096, "random", "bf16"),
     GpuCase("special", 3, 200000, 3000, "random", "bf16"),
     GpuCase("randn", 4096, 2048, 64, "random"),
