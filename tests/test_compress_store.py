@@ -470,8 +470,9 @@ def test_kernel_wrappers_check_before_launch():
 @pytest.mark.build
 @pytest.mark.parametrize("fmt_name", list(FORMATS))
 def test_kernels_build_for_sm90(fmt_name):
-    """Both variants' prefill and decode for FP8; v2 prefill for FP4 and v2 decode for BF16 (the format
-    code is the shared store macro, so one kernel per format covers it; ~4 s per kernel)."""
+    """Both variants' prefill and decode for FP8; v2 prefill for FP4 and v2 decode (early-weight form)
+    for BF16 (the format code is the shared store macro, so one kernel per format covers it; ~4 s per
+    kernel)."""
     from tilelang_ops.build import compile_for_sm90
     from tilelang_ops.compress_store import (
         compress_store_decode_kernel,
@@ -489,7 +490,9 @@ def test_kernels_build_for_sm90(fmt_name):
         factories += [compress_store_prefill_kernel, compress_store_decode_kernel]
         assert "expf(" in compile_for_sm90(expf_probe_kernel).get_kernel_source()  # the GPU expf test's probe
     for factory in factories:
-        src = compile_for_sm90(factory, fmt_name, 2, 64, True, True, "bfloat16", "int32", "int64") \
+        # BF16: the decode kernel's small-launch form (weight loaded with the first trip)
+        extra = (4, True) if fmt_name == "bf16" else ()
+        src = compile_for_sm90(factory, fmt_name, 2, 64, True, True, "bfloat16", "int32", "int64", *extra) \
             .get_kernel_source()
         assert "float4" in src, "inputs and ring must move as 16 B vectors"
         assert "expf(" in src and "__expf" not in src, "accurate expf (torch's and the compress kernel's)"

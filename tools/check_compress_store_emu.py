@@ -96,11 +96,11 @@ CASES = [
     (GpuCase("p_fp8_b3_len40_odd_min_ring", True, "fp8_main", 3, 40, 0, 8, odd_starts=True), [(8, 4, 3), (5, 2, 3)], (4, 4)),
     (GpuCase("p_fp8_b200_len3_odd", True, "fp8_main", 200, 3, 0, 7, odd_starts=True), [(8, 4, 3)], (4, 4)),
     (GpuCase("d_fp8_b1_q1", False, "fp8_main", 1, 1, 0, 11), [(4,), (1,)], (4,)),
-    (GpuCase("d_fp8_b20_q6_min_ring", False, "fp8_main", 20, 6, 0, 12), [(4,), (2,)], (4,)),
-    (GpuCase("d_fp4_b20_q6_ring9", False, "fp4_main", 20, 6, 9, 13), [(4,)], (4,)),
-    (GpuCase("d_bf16_b33_q3_half", False, "bf16", 33, 3, 0, 14, interleaved=False), [(4,)], (4,)),
-    (GpuCase("d_fp8_b50_q6_min_ring_i64", False, "fp8_main", 50, 6, 0, 15, index64=True), [(4,)], (4,)),
-    (GpuCase("d_fp4_b60_q1_w32_no_norm", False, "fp4_main", 60, 1, 0, 16, weight_fp32=True, out_norm=False), [(4,)], (4,)),
+    (GpuCase("d_fp8_b20_q6_min_ring", False, "fp8_main", 20, 6, 0, 12), [(4,), (2,), (4, True)], (4,)),
+    (GpuCase("d_fp4_b20_q6_ring9", False, "fp4_main", 20, 6, 9, 13), [(4,), (4, True)], (4,)),
+    (GpuCase("d_bf16_b33_q3_half", False, "bf16", 33, 3, 0, 14, interleaved=False), [(4,), (4, True)], (4,)),
+    (GpuCase("d_fp8_b50_q6_min_ring_i64", False, "fp8_main", 50, 6, 0, 15, index64=True), [(4,), (4, True)], (4,)),
+    (GpuCase("d_fp4_b60_q1_w32_no_norm", False, "fp4_main", 60, 1, 0, 16, weight_fp32=True, out_norm=False), [(4,), (4, True)], (4,)),
 ]
 
 

@@ -36,13 +36,14 @@ def configs():
                 out.append(("p2", static + (rpw, cs.V2_WARPS, cs.V2_MIN_CTAS_PER_SM)))
         else:
             out.append(("d1", static + (cs.DECODE_WARPS,)))
-            out.append(("d2", static + (cs.V2_DECODE_WARPS,)))
+            out += [("d2", static + (cs.V2_DECODE_WARPS, early)) for early in (False, True)]
     # the benchmark's COMPRESS_STORE_SWEEP shapes (1M FP8 tokens without out_norm, b4096q6)
     from benchmarks.bench_compress_store import DECODE_SHAPES, PREFILL_SHAPES
 
     bench = ("fp8_main", 2, 64, True, False, "bfloat16", "int32", "int32")
     out += [("p2", bench + shape) for shape in PREFILL_SHAPES]
-    out += [("d2", ("fp8_main", 2, 64, True, True, "bfloat16", "int32", "int32", w)) for w in DECODE_SHAPES]
+    dec = ("fp8_main", 2, 64, True, True, "bfloat16", "int32", "int32")
+    out += [("d2", dec + (w, False)) for w in DECODE_SHAPES]
     return list(dict.fromkeys(out))
 
 
