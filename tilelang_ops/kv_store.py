@@ -364,6 +364,16 @@ def kv_store_kernel(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: b
     return kernel
 
 
+VARIANTS = ("v1",)
+VARIANT = "v1"
+KERNELS = {"v1": kv_store_kernel}
+
+
+def rows_per_cta(variant: str, fmt: KVCacheFormat) -> int:
+    """Rows one CTA covers per rows-per-thread step."""
+    return THREADS // (fmt.dim // VEC)
+
+
 # Rows per thread for large launches (R > 1 puts R rows' loads in flight per thread, at the price of
 # registers: fp8 / bf16 59 -> 85, fp4 60 -> 116, fp4 index 71 -> 114 per thread at R = 2). Small
 # launches (latency-bound: every row's chain is serial within a thread) always use 1. The benchmark's

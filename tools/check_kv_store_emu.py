@@ -1,0 +1,179 @@
+# ruff: noqa: E501  (case tables)
+"""Emulate the kv_store kernels on CPU (generated CUDA -> C++ via tools/cuda_emu.py, one std::thread per
+CUDA thread) and compare their cache bytes and out_norm bitwise with the vectorized twin (and, on cases
+with only in-range slots, the loop reference). Every format, both RoPE conventions, Hadamard, rows per
+thread R = 1 / 2, out_norm on / off, BF16 / FP32 weights, int32 / int64 indices, odd row counts, slot -1,
+slots beyond the cache and positions beyond the table. Each variant in ``VARIANTS`` is checked.
+`--mutate` checks that deliberately broken sources are caught.
+
+    PYTHONPATH=. .venv/bin/python tools/check_kv_store_emu.py [case-substring ...] [--variant v2] [--mutate]
+"""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TILELANG_CACHE_DIR", "/tmp/tlcache")
+import torch  # noqa: E402
+
+import tilelang_ops.kv_store as K  # noqa: E402
+import tools.cuda_emu as cuda_emu  # noqa: E402
+from reference.kv_store import norm_rope_hadamard_cast_store_ref, norm_rope_hadamard_cast_store_torch  # noqa: E402
+from tests.test_kv_store import StoreCase, make_inputs  # noqa: E402
+from tilelang_ops.build import compile_for_sm90  # noqa: E402
+from tools.cuda_emu import WORK, Emu  # noqa: E402
+
+# helpers the kv_store sources use beyond compress_store's (appended to the shared shim, not edited there)
+cuda_emu.SHIM += r"""
+inline uint __pack_nv_bfloat162(bfloat16_t a, bfloat16_t b) { return (uint)a.bits | ((uint)b.bits << 16); }
+inline uint4 make_uint4(uint a, uint b, uint c, uint d) { return {a, b, c, d}; }
+inline uint2 make_uint2(uint a, uint b) { return {a, b}; }
+"""
+
+SRC = f"{WORK}/kv_src"  # generated sources, keyed by variant + static arguments + a hash of kv_store.py
+os.makedirs(SRC, exist_ok=True)
+_KHASH = __import__("hashlib").md5(open(K.__file__, "rb").read()).hexdigest()[:8]
+
+
+def source(variant, static):
+    key = f"{SRC}/{variant}_{_KHASH}_{'_'.join(map(str, static))}.cu"
+    if not os.path.exists(key):
+        src = compile_for_sm90(K.KERNELS[variant], *static).get_kernel_source()
+        open(key, "w").write(src)
+    return open(key).read()
+
+
+_emus = {}
+
+
+def emu_for(variant, static, edit=None):
+    k = (variant, static, edit)
+    if k not in _emus:
+        src = source(variant, static)
+        if edit is not None:
+            assert edit[0] in src, edit[0]
+            src = src.replace(edit[0], edit[1], 1)
+        _emus[k] = Emu(src)
+    return _emus[k]
+
+
+# (StoreCase, R values, out_norm, extra bad rows: slots beyond the cache / positions beyond the table)
+CASES = [
+    (StoreCase("fp8_13", "fp8_main", 13), (1, 2), True, True),
+    (StoreCase("fp8_half_w32_9", "fp8_main", 9, interleaved=False, weight_fp32=True), (1, 2), False, True),
+    (StoreCase("fp8_tiny_i32_6", "fp8_main", 6, scale=1e-8, index_dtype=torch.int32), (2,), True, False),
+    (StoreCase("fp8_shift100_5", "fp8_main", 5, offset=100.0), (1,), True, False),
+    (StoreCase("fp4_11", "fp4_main", 11), (1, 2), True, True),
+    (StoreCase("fp4_half_big_7", "fp4_main", 7, interleaved=False, scale=3e4, weight_fp32=True), (1, 2), False, False),
+    (StoreCase("fp4_tiny_i32_9", "fp4_main", 9, scale=1e-6, index_dtype=torch.int32), (2,), True, True),
+    (StoreCase("idx_had_37", "fp4_index", 37, hadamard=True, rows_per_block=16), (1, 2), True, True),
+    (StoreCase("idx_had_half_rpb5_21", "fp4_index", 21, interleaved=False, hadamard=True, rows_per_block=5), (1, 2), False, True),
+    (StoreCase("idx_plain_half_rpb5_10", "fp4_index", 10, interleaved=False, rows_per_block=5), (1,), True, False),
+    (StoreCase("idx_had_tiny_i32_19", "fp4_index", 19, hadamard=True, scale=1e-30, index_dtype=torch.int32), (2,), True, False),
+    (StoreCase("idx_plain_w32_17", "fp4_index", 17, weight_fp32=True, rows_per_block=4), (1, 2), False, True),
+    (StoreCase("bf16_7", "bf16", 7), (1, 2), True, True),
+    (StoreCase("bf16_half_w32_9", "bf16", 9, interleaved=False, weight_fp32=True), (1, 2), False, False),
+]
+
+
+def inputs(case, bad):
+    g = torch.Generator().manual_seed(case.rows * 7 + len(case.id))
+    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(case, gen=g)
+    if bad and case.rows > 4:
+        slots[2] = cache.shape[0] * case.rows_per_block + 3  # beyond the cache: skipped, nothing written
+        pos[3] = cos.shape[0] + 5  # beyond the table: skipped
+        slots[4] = cache.shape[0] * case.rows_per_block  # first slot past the end
+    return fmt, kv, w, cos, sin, pos, slots, cache
+
+
+def static_args(case, fmt, w, pos, slots, has_norm, R):
+    return (fmt.name, 64, case.interleaved, case.hadamard, has_norm,
+            case.rows_per_block if fmt.block_sections else 1, K._TORCH_TO_TL[w.dtype],
+            K._TORCH_TO_TL[pos.dtype], K._TORCH_TO_TL[slots.dtype], R)
+
+
+def run_emu(variant, case, R, has_norm, data, edit=None, order="forward"):
+    fmt, kv, w, cos, sin, pos, slots, cache = data
+    cache = cache.clone()
+    static = static_args(case, fmt, w, pos, slots, has_norm, R)
+    e = emu_for(variant, static, edit)
+    out_norm = torch.full((case.rows, fmt.dim), 7.0, dtype=torch.bfloat16) if has_norm else torch.empty(1, fmt.dim, dtype=torch.bfloat16)
+    rows_per_cta = K.rows_per_cta(variant, fmt)
+    grid = -(-case.rows // (rows_per_cta * R))
+    order_l = list(range(grid))[::-1] if order == "reverse" else list(range(grid))
+    e(grid, K.THREADS, order_l, cache=cache.view(-1), cos_1=cos, sin_1=sin, cos=cos, sin=sin, kv=kv, out_norm=out_norm,
+      positions=pos, slots=slots, weight=w, cache_bytes=cache.numel(), eps=1e-6, max_pos=cos.shape[0],
+      norm_rows=out_norm.shape[0], rows=case.rows)
+    return cache, (out_norm if has_norm else None)
+
+
+def oracle(case, has_norm, data, loop):
+    fmt, kv, w, cos, sin, pos, slots, cache = data
+    cache = cache.clone()
+    out_norm = torch.full((case.rows, fmt.dim), 7.0, dtype=torch.bfloat16) if has_norm else None
+    f = norm_rope_hadamard_cast_store_ref if loop else norm_rope_hadamard_cast_store_torch
+    f(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=64, interleaved=case.interleaved,
+      hadamard=case.hadamard, out_norm=out_norm)
+    return cache, out_norm
+
+
+def ndiff(a, b):
+    if a is None:
+        return 0
+    return int((a.view(torch.uint8) != b.view(torch.uint8)).sum())
+
+
+MUTATIONS = {  # generated-source edits (first occurrence) that must make the kernel disagree
+    "rstd_scaled": ("rstd = __fdiv_rn(", "rstd = 1.001f * __fdiv_rn("),
+    "bad_position_stored": ("(position < ((int64_t)max_pos))", "true"),
+}
+
+
+def main():
+    args = sys.argv[1:]
+    variants = list(K.VARIANTS)
+    if "--variant" in args:
+        i = args.index("--variant")
+        variants = [args[i + 1]]
+        del args[i:i + 2]
+    mutate = "--mutate" in args
+    only = [a for a in args if not a.startswith("--")]
+    bad_total = 0
+    for case, Rs, has_norm, bad in CASES:
+        if only and not any(o in case.id for o in only):
+            continue
+        t0 = time.time()
+        data = inputs(case, bad)
+        want = oracle(case, has_norm, data, loop=False)
+        line = [case.id]
+        if not bad:  # the loop reference raises on out-of-range slots: compare it where it applies
+            loopw = oracle(case, has_norm, data, loop=True)
+            d = [ndiff(a, b) for a, b in zip(loopw, want)]
+            bad_total += sum(d)
+            line.append(f"loop~twin {d}")
+        for v in variants:
+            for R in Rs:
+                for order in ("forward", "reverse"):
+                    got = run_emu(v, case, R, has_norm, data, order=order)
+                    d = [ndiff(a, b) for a, b in zip(got, want)]
+                    bad_total += sum(d)
+                    line.append(f"{v} R={R} {order[0]}: {d}")
+        print(" | ".join(line), f"{time.time() - t0:.1f}s", flush=True)
+    print("MISMATCHES (cache bytes, out_norm elements) total:", bad_total)
+    if mutate:
+        case, Rs, has_norm, bad = CASES[0]
+        data = inputs(case, bad)
+        want = oracle(case, has_norm, data, loop=False)
+        for v in variants:
+            for name, edit in MUTATIONS.items():
+                if edit[0] not in source(v, static_args(case, *data[:1], data[2], data[5], data[6], has_norm, Rs[0])):
+                    print(f"mutation {v} {name}: pattern not in this variant's source")
+                    continue
+                got = run_emu(v, case, Rs[0], has_norm, data, edit=edit)
+                d = [ndiff(a, b) for a, b in zip(got, want)]
+                print(f"mutation {v} {name}: mismatches {d} -> {'caught' if any(d) else 'MISSED'}")
+    return bad_total
+
+
+if __name__ == "__main__":
+    sys.exit(1 if main() else 0)
