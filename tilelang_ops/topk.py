@@ -216,9 +216,17 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                 # entries spread over the row), so that pass 0 can also compact the keys >= lo_est. The
                 # guess is verified exactly at the end of pass 0 (k <= count <= CAND), else unused.
                 if T.And(done == 0, e > 2 * TILE):
-                    for u in T.unroll(UNROLL):
-                        kb[u] = T.reinterpret(
-                            "uint32", T.Cast("float32", scores[base + u * (e // UNROLL) + tx]))
+                    if variant == "v1":
+                        for u in T.unroll(UNROLL):
+                            kb[u] = T.reinterpret(
+                                "uint32", T.Cast("float32", scores[base + u * (e // UNROLL) + tx]))
+                    else:
+                        # v2: 256 runs of 32 (one 128 B line per warp load) spread evenly over the row,
+                        # so sorted or otherwise structured rows also get a useful bound (e // 256 >= 64)
+                        for u in T.unroll(UNROLL):
+                            kb[u] = T.reinterpret("uint32", T.Cast(
+                                "float32",
+                                scores[base + (warp * UNROLL + u) * (e // (WARPS * UNROLL)) + lane]))
                     for u in T.unroll(UNROLL):
                         kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
                         kb[u] = T.if_then_else(
