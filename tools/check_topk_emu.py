@@ -1,0 +1,227 @@
+# ruff: noqa: E501
+"""Emulate the top-k kernels on CPU (generated CUDA -> C++ with tools/fiber_emu.py, one fiber per CUDA
+thread, random scheduling at barriers / warp intrinsics) through the real wrappers, and compare bitwise
+with the vectorized twin (tested equal to the loop reference). Sets: small (row-cache tiers), mid (32768
+tier, rows > 2 * TILE), long (uncached rows), big (128K-1M rows), misc (options, offsets, strides,
+fused slots), bmax (block max, NaN payloads). `--mutate "old=>new"` patches the generated source once
+(to check that a broken kernel is caught).
+
+    PYTHONPATH=. .venv/bin/python tools/check_topk_emu.py [--variant v2] [--seeds 0,1] [--mutate S] [set ...]
+"""
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TILELANG_CACHE_DIR", "/tmp/tlcache")
+import torch  # noqa: E402
+
+import tilelang_ops.topk as tk  # noqa: E402
+from reference.topk import block_max_scores_ref, topk_torch  # noqa: E402
+from tests.test_topk import (  # noqa: E402
+    GpuCase,
+    _mode_kwargs,
+    as_pairs_by_index,
+    make_end,
+    make_scores,
+    poison_beyond_end,
+    with_nan_payloads,
+)
+from tilelang_ops.build import compile_for_sm90  # noqa: E402
+from tilelang_ops.testing import compare_bitwise  # noqa: E402
+from tools.fiber_emu import EmuKernel  # noqa: E402
+
+_real_factory = tk.topk_kernel
+_kernels = {}
+SEED = [0]
+
+
+def fake_factory(*static):
+    key = repr(static)
+    if key not in _kernels:
+        src = compile_for_sm90(_real_factory, *static).get_kernel_source()
+        order = ["scores", "end", "offset", "cand", "table", "values", "indices", "n", "ld", "has_end"]
+        shapes = {"total": ("scores", None), "nb_end": ("end", None), "nb_off": ("offset", None),
+                  "b": ("indices", 0), "k": ("indices", 1), "nc": ("cand", 1), "mb": ("table", 1),
+                  "nb_val": ("values", 0), "kv": ("values", 1)}
+        kern = EmuKernel(src, "topk", order, shapes)
+        kern.grid_of = lambda kw: kw["indices"].shape[0]
+        _kernels[key] = kern
+    k = _kernels[key]
+    k.seed = SEED[0]
+    return k
+
+
+tk.topk_kernel = fake_factory
+tk.check_cuda = lambda **kw: torch.device("cpu")
+
+
+def run_case(case, variant, seed):
+    tk.TOPK_VARIANT = variant
+    SEED[0] = seed
+    dtype = torch.float32 if case.dtype == "fp32" else torch.bfloat16
+    x = make_scores(case.dist, case.b, case.n, dtype)
+    end = make_end(case.ends, case.b, case.n, case.k)
+    if end is not None:
+        x = poison_beyond_end(x, end)
+    kw = dict(end=end, **_mode_kwargs(case.mode))
+    v, i = tk.topk(x, case.k, **kw)
+    rv, ri = topk_torch(x, case.k, **kw)
+    if case.mode == "any":
+        v, i = as_pairs_by_index(v, i)
+        rv, ri = as_pairs_by_index(rv, ri)
+    c1 = compare_bitwise("indices", i, ri)
+    c2 = compare_bitwise("values", v, rv)
+    return c1, c2
+
+
+SETS = {
+    "big": [
+        GpuCase("randn", 2, 131072, 2048), GpuCase("equal", 1, 131072, 2048), GpuCase("few", 1, 131072, 2048),
+        GpuCase("sorted", 2, 131072, 2048, "random"), GpuCase("ascending", 1, 131072, 4096, mode="sorted"),
+        GpuCase("few", 1, 1 << 20, 4096, "random", "bf16"), GpuCase("conc", 1, 1 << 20, 2048),
+        GpuCase("tiny", 1, 1 << 20, 4096, "random"), GpuCase("special", 6, 16384, 1, "random"),
+        GpuCase("special", 6, 16385, 7, "random"), GpuCase("randn", 2, 1 << 17, 100, "zero"),
+        GpuCase("special", 2, 200000, 3000, "random", "bf16"), GpuCase("randn", 6, 2048, 64, "random"),
+        GpuCase("randn", 2, 4097, 4096, "random"), GpuCase("few", 16, 100, 8, "random", mode="sorted_index"),
+    ],
+    "mid": [  # 32768 row-cache tier, rows > 2 * TILE: v2 samples and compacts candidates there too
+        GpuCase("randn", 3, 32768, 2048, "random"), GpuCase("conc", 2, 20000, 2048),
+        GpuCase("few", 2, 32768, 2048), GpuCase("equal", 1, 32768, 2048, "random"),
+        GpuCase("sorted", 2, 32768, 2048), GpuCase("ascending", 1, 30000, 4096, mode="sorted"),
+        GpuCase("special", 2, 32768, 3000, "random", "bf16"), GpuCase("tiny", 1, 32768, 4096),
+        GpuCase("randn", 2, 32768, 4096, "random"), GpuCase("randn", 2, 32768, 1, "random"),
+        GpuCase("randn", 2, 25000, 100, "short"), GpuCase("special", 2, 17000, 512, "random", mode="sorted_index"),
+    ],
+    "small": [
+        GpuCase("randn", 3, 2048, 512, "random"), GpuCase("special", 3, 2048, 512, "random"),
+        GpuCase("few", 3, 2048, 512, "random"), GpuCase("equal", 3, 2048, 512, "random"),
+        GpuCase("conc", 2, 2048, 512, "random", "bf16"), GpuCase("tiny", 2, 8192, 4096, "random", mode="sorted"),
+        GpuCase("randn", 2, 1, 4), GpuCase("special", 3, 100, 16, "random", "bf16", "sorted"),
+        GpuCase("ascending", 2, 5000, 300, "random", mode="sorted_index"),
+        GpuCase("sorted", 2, 20000, 1000, "random"),
+    ],
+    "long": [  # cache_cap == 0 path (n > 32768): sampling, spec compaction, re-read compaction
+        GpuCase("randn", 2, 65536, 2048, "random"), GpuCase("conc", 1, 40000, 2048),
+        GpuCase("few", 1, 40000, 2048), GpuCase("equal", 1, 40000, 2048),
+        GpuCase("sorted", 1, 65536, 2048), GpuCase("ascending", 1, 40000, 4096, mode="sorted"),
+        GpuCase("special", 2, 50000, 3000, "random", "bf16"), GpuCase("tiny", 1, 70000, 4096),
+        GpuCase("randn", 2, 40000, 100, "short"),
+    ],
+}
+
+
+
+def misc(variant, seed=0):
+    """Options, fills, offsets, non-contiguous rows and the fused slots path (both modes)."""
+    from reference.topk import convert_kv_index_ref_, restore_candidate_indices_ref_
+    tk.TOPK_VARIANT = variant
+    SEED[0] = seed
+    out = []
+    base = make_scores("few", 6, 5000)
+    x = base[:, 7:4007]
+    end = make_end("random", 6, 4000, 300)
+    off = torch.arange(6, dtype=torch.int64) * 100000
+    kw = dict(end=end, indices_type=torch.int64, idx_oob_fill_value=-9, value_oob_fill_value=7.5,
+              output_idx_offset=off, sorted_index=True)
+    v, i = tk.topk(x, 300, **kw)
+    rv, ri = topk_torch(x.contiguous(), 300, **kw)
+    out += [compare_bitwise("opt indices", i, ri), compare_bitwise("opt values", v, rv)]
+    # long non-contiguous rows with offsets (cache_cap 0)
+    base = make_scores("randn", 3, 50000)
+    x = base[:, 3:45003]
+    end = make_end("random", 3, 45000, 2048)
+    off = torch.arange(3, dtype=torch.int32) * 7
+    kw = dict(end=end, output_idx_offset=off, sorted=True)
+    v, i = tk.topk(x, 2048, **kw)
+    rv, ri = topk_torch(x.contiguous(), 2048, **kw)
+    out += [compare_bitwise("long indices", i, ri), compare_bitwise("long values", v, rv)]
+    for with_c, (dist, n, k) in ((False, ("randn", 40000, 2048)), (True, ("few", 4096, 512)),
+                                 (True, ("randn", 30000, 2048)), (False, ("conc", 32768, 2048)),
+                                 (False, ("special", 4096, 512))):
+        b, bs, bc, mb = 3, 16, 64, 1000
+        x = make_scores(dist, b, n)
+        end = make_end("random", b, n, k)
+        x = poison_beyond_end(x, end)
+        table = torch.randint(0, 100000, (b, mb), dtype=torch.int32)
+        blocks = torch.stack([torch.randperm(mb * bc // bs)[: n // bs] for _ in range(b)]).to(
+            torch.int32) if with_c else None
+        got = tk.topk_to_slots(x, k, end=end, candidate_blocks=blocks, candidate_block_size=bs if with_c else None,
+                               block_size_c=bc, block_tables=table)
+        _, idx = topk_torch(x, k, end=end)
+        if with_c:
+            restore_candidate_indices_ref_(idx, blocks, bs)
+        want = convert_kv_index_ref_(idx.reshape(b, 1, k), bc, end.clamp(max=k).reshape(b, 1), table).reshape(b, k)
+        out.append(compare_bitwise(f"slots {dist} cand={with_c}", got, want))
+    return out
+
+
+_real_bmax = tk.block_max_kernel
+_bmax_cache = {}
+
+
+def fake_bmax(block_size, dt):
+    key = (block_size, dt)
+    if key not in _bmax_cache:
+        src = compile_for_sm90(_real_bmax, block_size, dt).get_kernel_source()
+        k = EmuKernel(src, f"bmax{block_size}{dt}", ["scores", "end", "out", "n", "ld", "has_end"],
+                      {"total": ("scores", None), "nb_end": ("end", None), "b": ("out", 0), "nblk": ("out", 1)})
+        k.threads = 256
+        k.grid_of = lambda kw: ((kw["out"].shape[1] + 255) // 256, kw["out"].shape[0])
+        _bmax_cache[key] = k
+    return _bmax_cache[key]
+
+
+tk.block_max_kernel = fake_bmax
+
+
+def bmax():
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for dist in ("randn", "special", "equal"):
+            x = make_scores(dist, 7, 1000, dtype)
+            end = make_end("random", 7, 1000, 0)
+            end[1] = 0
+            x = with_nan_payloads(poison_beyond_end(x, end), step=37)
+            for bs in (8, 16, 7):
+                out.append(compare_bitwise(f"block_max {dtype} {dist} bs{bs}", tk.block_max_scores(x, bs, end),
+                                           block_max_scores_ref(x, bs, end)))
+            out.append(compare_bitwise(f"block_max full {dtype} {dist}", tk.block_max_scores(x, 16),
+                                       block_max_scores_ref(x, 16)))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("sets", nargs="*", default=["small", "mid", "long", "misc", "bmax"])
+    ap.add_argument("--variant", default=tk.TOPK_VARIANT)
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--mutate", default=None)
+    a = ap.parse_args()
+    if a.mutate:
+        os.environ["EMU_MUTATE"] = a.mutate
+    seeds = [int(s) for s in a.seeds.split(",")]
+    bad = 0
+    for which in a.sets:
+        for seed in seeds:
+            if which in ("misc", "bmax"):
+                t = time.time()
+                res = misc(a.variant, seed) if which == "misc" else bmax()
+                fails = [c.message() for c in res if not c.passed]
+                bad += len(fails)
+                print(f"{a.variant} {which} seed{seed}: {'OK' if not fails else 'FAIL'} {time.time() - t:.1f}s {fails}", flush=True)
+                continue
+            for case in SETS[which]:
+                t = time.time()
+                c1, c2 = run_case(case, a.variant, seed)
+                ok = c1.passed and c2.passed
+                bad += not ok
+                msg = "" if ok else " ".join(c.message() for c in (c1, c2) if not c.passed)
+                print(f"{a.variant} {case.id} seed{seed}: {'OK' if ok else 'FAIL'} {time.time() - t:.1f}s {msg}", flush=True)
+    print("FAILURES", bad)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

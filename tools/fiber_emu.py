@@ -1,0 +1,223 @@
+# ruff: noqa: E501, E701, E702, E731
+"""CPU emulation of a generated TileLang CUDA kernel, for checking indexing and synchronization logic
+without a GPU: one fiber (ucontext) per CUDA thread, a seeded random scheduler that switches only at
+__syncthreads and warp intrinsics (shfl / ballot / all / match_any; all 32 lanes of a warp must reach the
+same call site, else it reports a divergent intrinsic or a deadlock), shared memory poisoned before
+every block, blocks run in a random order. Atomics are plain adds (fibers never interleave inside one).
+Used by tools/check_topk_emu.py.
+"""
+import ctypes
+import hashlib
+import os
+import re
+import subprocess
+
+WORK = os.environ.get("FIBER_EMU_DIR", "/tmp/fiber_emu")
+os.makedirs(WORK, exist_ok=True)
+
+SHIM = r'''// CPU emulation of a CUDA thread block: one fiber (ucontext) per CUDA thread, a random scheduler,
+// __syncthreads and warp intrinsics as barriers (all lanes of a warp must reach the same call site).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <random>
+#include <limits>
+#include <type_traits>
+#include <ucontext.h>
+typedef unsigned char uchar;
+typedef unsigned int uint;
+#define CUDART_INF_F std::numeric_limits<float>::infinity()
+#define __global__
+#define __launch_bounds__(a, b)
+#define __align__(n) __attribute__((aligned(n)))
+struct dim3_ { int x, y, z; };
+static dim3_ threadIdx, blockIdx;
+static uchar g_shmem[232 * 1024] __attribute__((aligned(1024)));
+#define buf_dyn_shmem g_shmem
+template <class A, class B> inline auto max(A a, B b) { typedef std::common_type_t<A, B> C; return (C)a > (C)b ? (C)a : (C)b; }
+template <class A, class B> inline auto min(A a, B b) { typedef std::common_type_t<A, B> C; return (C)a < (C)b ? (C)a : (C)b; }
+inline int __popc(uint x) { return __builtin_popcount(x); }
+inline int __clz(uint x) { return x ? __builtin_clz(x) : 32; }
+template <class T> inline T AtomicAdd(T* a, T v) { T o = *a; *a = o + v; return o; }
+struct bfloat16_t { uint16_t bits;
+  bfloat16_t() = default;
+  bfloat16_t(float f) { uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) bits = (u >> 16) | 0x40; else { u += 0x7fffu + ((u >> 16) & 1u); bits = u >> 16; } }
+  operator float() const { uint32_t u = (uint32_t)bits << 16; float f; memcpy(&f, &u, 4); return f; }
+  bfloat16_t operator-() const { bfloat16_t r; r.bits = bits ^ 0x8000; return r; } };
+namespace std { template <> struct numeric_limits<bfloat16_t> {
+  static bfloat16_t infinity() { bfloat16_t r; r.bits = 0x7f80; return r; } }; }
+
+// ---- scheduler
+struct Fiber { ucontext_t ctx; int tid; int state; /*0 run,1 blocked,2 done*/ std::vector<char> stack; };
+static std::vector<Fiber> g_f;
+static ucontext_t g_main;
+static int g_cur, g_nthreads;
+static std::vector<int> g_runnable;
+static std::mt19937 g_rng;
+static int g_bar_count; static std::vector<int> g_bar_wait;
+struct WarpBar { int count = 0; int line = -1; std::vector<int> wait; uint64_t slot[32]; uint64_t out[32]; };
+static std::vector<WarpBar> g_wb;
+static int g_error;
+static void fail(const char* m, int line) { fprintf(stderr, "EMU ERROR: %s (line %d, tid %d)\n", m, line, g_cur); g_error = 1; exit(3); }
+static void yield_() { swapcontext(&g_f[g_cur].ctx, &g_main); threadIdx.x = g_cur; }
+static void block_() { g_f[g_cur].state = 1; yield_(); }
+inline void __syncthreads() {
+  g_bar_count++;
+  if (g_bar_count == g_nthreads) {
+    g_bar_count = 0;
+    for (int t : g_bar_wait) { g_f[t].state = 0; g_runnable.push_back(t); }
+    g_bar_wait.clear();
+    yield_();
+  } else { g_bar_wait.push_back(g_cur); block_(); }
+}
+// exchange: every lane deposits v, after all 32 arrived each lane gets f(lane, slots)
+template <class F> inline uint64_t warp_xchg(int line, uint64_t v, F f) {
+  int w = g_cur / 32, l = g_cur % 32; WarpBar& b = g_wb[w];
+  if (b.count == 0) b.line = line; else if (b.line != line) fail("divergent warp intrinsic", line);
+  b.slot[l] = v; b.count++;
+  if (b.count == 32) {
+    for (int q = 0; q < 32; ++q) b.out[q] = f(q, b.slot);
+    b.count = 0; b.line = -1;
+    for (int t : b.wait) { g_f[t].state = 0; g_runnable.push_back(t); }
+    b.wait.clear();
+    uint64_t r = b.out[l];
+    yield_();
+    return r;
+  }
+  b.wait.push_back(g_cur); block_();
+  return b.out[l];  // valid: nobody rewrites out before every lane of this round has resumed? see below
+}
+template <class T> inline uint64_t to_u64(T v) { uint64_t r = 0; memcpy(&r, &v, sizeof(T)); return r; }
+template <class T> inline T from_u64(uint64_t r) { T v; memcpy(&v, &r, sizeof(T)); return v; }
+template <class T> inline T emu_shfl(int line, T v, int src) {
+  return from_u64<T>(warp_xchg(line, to_u64(v), [&](int q, uint64_t* s) { return s[src & 31]; }));
+}
+template <class T> inline T emu_shfl_xor(int line, T v, int d) {
+  return from_u64<T>(warp_xchg(line, to_u64(v), [&](int q, uint64_t* s) { return s[(q ^ d) & 31]; }));
+}
+template <class T> inline T emu_shfl_up(int line, T v, int d) {
+  return from_u64<T>(warp_xchg(line, to_u64(v), [&](int q, uint64_t* s) { return q >= d ? s[q - d] : s[q]; }));
+}
+inline uint emu_ballot(int line, bool p) {
+  return (uint)warp_xchg(line, p ? 1 : 0, [&](int q, uint64_t* s) { uint m = 0; for (int j = 0; j < 32; ++j) if (s[j]) m |= 1u << j; return (uint64_t)m; });
+}
+inline int emu_all(int line, bool p) {
+  return (int)warp_xchg(line, p ? 1 : 0, [&](int q, uint64_t* s) { for (int j = 0; j < 32; ++j) if (!s[j]) return (uint64_t)0; return (uint64_t)1; });
+}
+template <class T> inline uint emu_match_any(int line, T v) {
+  return (uint)warp_xchg(line, to_u64(v), [&](int q, uint64_t* s) { uint m = 0; for (int j = 0; j < 32; ++j) if (s[j] == s[q]) m |= 1u << j; return (uint64_t)m; });
+}
+#define __shfl_sync(m, v, s, w) emu_shfl(__LINE__, v, s)
+#define __shfl_xor_sync(m, v, d, w) emu_shfl_xor(__LINE__, v, d)
+#define __shfl_up_sync(m, v, d, w) emu_shfl_up(__LINE__, v, d)
+#define __ballot_sync(m, p) emu_ballot(__LINE__, p)
+#define __all_sync(m, p) emu_all(__LINE__, p)
+#define __match_any_sync(m, v) emu_match_any(__LINE__, v)
+
+static void (*g_body)();
+static void fiber_entry() { threadIdx.x = g_cur; g_body(); g_f[g_cur].state = 2; }
+// run one block: all fibers, random scheduling; returns 0 ok
+static int run_block(int threads, void (*body)(), int poison) {
+  g_body = body; g_nthreads = threads; g_bar_count = 0; g_bar_wait.clear();
+  g_wb.assign(threads / 32, WarpBar());
+  if (poison) memset(g_shmem, 0xA5, sizeof(g_shmem));  // stale shared memory must not matter
+  g_f.resize(threads);
+  g_runnable.clear();
+  for (int t = 0; t < threads; ++t) {
+    Fiber& f = g_f[t]; f.tid = t; f.state = 0; f.stack.resize(256 * 1024);
+    getcontext(&f.ctx); f.ctx.uc_stack.ss_sp = f.stack.data(); f.ctx.uc_stack.ss_size = f.stack.size();
+    f.ctx.uc_link = &g_main; makecontext(&f.ctx, fiber_entry, 0);
+    g_runnable.push_back(t);
+  }
+  int done = 0;
+  while (!g_runnable.empty()) {
+    size_t j = g_rng() % g_runnable.size();
+    int t = g_runnable[j]; g_runnable[j] = g_runnable.back(); g_runnable.pop_back();
+    g_cur = t; threadIdx.x = t;
+    swapcontext(&g_main, &g_f[t].ctx);
+    if (g_f[t].state == 0) g_runnable.push_back(t);
+    else if (g_f[t].state == 2) done++;
+  }
+  if (done != threads) { fprintf(stderr, "EMU ERROR: deadlock, %d of %d threads finished\n", done, threads); return 1; }
+  return 0;
+}
+'''
+
+
+
+def build(src, name, opt="-O1"):
+    mut = os.environ.get("EMU_MUTATE")
+    if mut:  # mutation testing of the harness: "old=>new", applied once
+        old, new = mut.split("=>")
+        assert old in src, f"mutation target not found: {old}"
+        src = src.replace(old, new, 1)
+    lines = []
+    for l in src.splitlines():
+        if l.startswith("#") or "_tl_orig_alignas" in l or "alignas(N)" in l:
+            continue
+        if "extern __shared__" in l:
+            continue
+        lines.append(l)
+    body = "\n".join(lines)
+    protos = re.findall(r'extern "C" __global__ void (\w+)\((.*?)\);', body)
+    kname, params = protos[0]
+    body = body.replace(f'extern "C" __global__ void {kname}({params});', "")
+    ps = [p.strip() for p in params.split(",")]
+    names = [p.split()[-1] for p in ps]
+    types = [" ".join(p.replace("__restrict__", "").split()[:-1]) for p in ps]
+    glob = "\n".join(f"static {t} g_{n};" for t, n in zip(types, names))
+    launcher = f'''
+{glob}
+static void body_fn() {{ {kname}({", ".join("g_" + n for n in names)}); }}
+extern "C" int launch(int grid, int gridy, int threads, unsigned seed, int poison, {", ".join(f"{t} {n}" for t, n in zip(types, names))}) {{
+  g_rng.seed(seed);
+  {" ".join(f"g_{n} = {n};" for n in names)}
+  std::vector<int> order(grid * gridy); for (int i = 0; i < grid * gridy; ++i) order[i] = i;
+  std::shuffle(order.begin(), order.end(), g_rng);
+  for (int bi : order) {{ blockIdx.x = bi % grid; blockIdx.y = bi / grid; if (run_block(threads, body_fn, poison)) return 1; }}
+  return 0;
+}}
+'''
+    code = SHIM + "\n#include <algorithm>\n" + body + launcher
+    h = hashlib.md5((code + opt).encode()).hexdigest()[:12]
+    cpp, so = f"{WORK}/{name}_{h}.cpp", f"{WORK}/{name}_{h}.so"
+    if not os.path.exists(so):
+        open(cpp, "w").write(code)
+        subprocess.check_call(["g++", opt, "-std=c++20", "-fno-strict-aliasing", "-shared", "-fPIC", "-w",
+                               cpp, "-o", so])
+    return ctypes.CDLL(so), names, types
+
+
+class EmuKernel:
+    def __init__(self, src, name, param_order, shapes):
+        """param_order: prim_func tensor/scalar names in call order; shapes: dyn name -> (param, dim)."""
+        self.lib, self.names, self.types = build(src, name)
+        self.param_order, self.shapes = param_order, shapes
+        self.seed, self.poison, self.threads, self.grid_of = 0, 1, 1024, None
+
+    def __call__(self, *args):
+        kw = dict(zip(self.param_order, args))
+        for dyn, (pname, dim) in self.shapes.items():
+            kw[dyn] = kw[pname].numel() if dim is None else kw[pname].shape[dim]
+        cargs = []
+        for n, t in zip(self.names, self.types):
+            v = kw[n]
+            if "*" in t:
+                assert v.is_contiguous() or v.dim() == 1, n
+                cargs.append(ctypes.c_void_p(v.data_ptr()))
+            elif "int64" in t:
+                cargs.append(ctypes.c_int64(int(v)))
+            elif t in ("float",):
+                cargs.append(ctypes.c_float(float(v)))
+            else:
+                cargs.append(ctypes.c_int(int(v)))
+        grid = self.grid_of(kw)
+        grid, gridy = grid if isinstance(grid, tuple) else (grid, 1)
+        rc = self.lib.launch(ctypes.c_int(grid), ctypes.c_int(gridy), ctypes.c_int(self.threads), ctypes.c_uint(self.seed),
+                             ctypes.c_int(self.poison), *cargs)
+        if rc != 0:
+            raise RuntimeError("emulated kernel failed")
