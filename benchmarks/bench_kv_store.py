@@ -57,8 +57,10 @@ def run(h: Harness) -> None:
             except Exception as exc:  # guard failures / unsupported ops: report, keep going
                 print(f"torch.compile peer failed ({fmt.name}, {rows}): {type(exc).__name__}: {exc}"[:300])
                 compile_us = None
+            v1_us = timer(lambda: norm_rope_hadamard_cast_store(*args, **kw, variant="v1"))  # noqa: B023
             nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
-            h.report(OP, f"{fmt.name}_rows{rows}", nbytes, us, eager_us=eager_us, compile_us=compile_us)
+            h.report(OP, f"{fmt.name}_rows{rows}", nbytes, us, eager_us=eager_us, compile_us=compile_us,
+                     peers={"v1": v1_us})
             del kv, cache
             torch.cuda.empty_cache()
     if os.environ.get("KV_STORE_SWEEP", "0") == "1":

@@ -672,6 +672,20 @@ def test_build_sm90(cfg):
     assert ("out_norm +" in src) == cfg[4]
 
 
+@pytest.mark.parametrize("cfg", [("bf16", 64, True, False, True, 1, "bfloat16", "int64", "int64", 2),
+                                 ("fp4_index", 64, False, True, False, 5, "float32", "int32", "int32")],
+                         ids=["bf16_R2", "fp4_index_rpb5"])
+def test_build_sm90_v2(cfg):
+    """Variant v2 lowers and compiles; a BF16 row is stored from the rounded BF16 words (no re-round)."""
+    from tilelang_ops.build import compile_for_sm90
+    from tilelang_ops.kv_store import kv_store_kernel_v2
+
+    src = compile_for_sm90(kv_store_kernel_v2, *cfg).get_kernel_source()
+    assert "__shfl_xor_sync" in src
+    if cfg[0] == "bf16":
+        assert "*(uint4*)(cache" in src and "& (ushort)255" not in src
+
+
 def test_kernel_supports():
     from tilelang_ops.kv_store import kernel_supports
 
@@ -813,6 +827,47 @@ def test_kernel_vs_reference(case):
                                   interleaved=case.interleaved, hadamard=case.hadamard)
     _sync()
     compare_bitwise("determinism", cache2, cache).check()
+
+
+VARIANT_CASES = [GpuCase("fp8_main_rows3001", "fp8_main", 3001),
+                 GpuCase("fp4_main_rows1000", "fp4_main", 1000),
+                 GpuCase("fp4_index_had_rpb5", "fp4_index", 333, hadamard=True, rows_per_block=5),
+                 GpuCase("bf16_rows65536", "bf16", 65536),
+                 GpuCase("bf16_half_w32_i32", "bf16", 777, interleaved=False, weight_fp32=True,
+                         index_dtype=torch.int32),
+                 GpuCase("fp8_main_rows1M", "fp8_main", 1 << 20, out_norm=False)]
+
+
+@requires_cuda
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+@pytest.mark.parametrize("case", VARIANT_CASES, ids=case_id)
+def test_kernel_variants(case, variant):
+    """Each kernel variant (v1: the first kernel, v2: fewer instructions) on its own: bitwise equal to
+    the oracle (cache and out_norm), and to the other variant by transitivity."""
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+
+    fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
+    out_norm = None
+    if case.out_norm:
+        out_norm = torch.full((case.rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
+    want, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache.clone(),
+                              None if out_norm is None else out_norm.clone())
+    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, interleaved=case.interleaved,
+                                  hadamard=case.hadamard, out_norm=out_norm, variant=variant)
+    _sync()
+    # bitwise: both variants run the reference's FP32 operations in its order (see the kernel docstring)
+    compare_bitwise(f"kv_cache {variant}", cache, want.to(cache.device)).check()
+    if out_norm is not None:
+        compare_bitwise(f"out_norm {variant}", out_norm, want_norm.to(out_norm.device)).check()
+
+
+def test_wrapper_rejects_unknown_variant():
+    from tilelang_ops.kv_store import VARIANTS, norm_rope_hadamard_cast_store
+
+    assert VARIANTS == ("v1", "v2")
+    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(StoreCase("v", "fp8_main", 4))
+    with pytest.raises(ValueError, match="variant"):
+        norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, variant="v3")
 
 
 @requires_cuda

@@ -69,7 +69,7 @@ def kernel_supports(fmt: KVCacheFormat, rope_dim: int, interleaved: bool) -> str
 
 def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamard: bool,
                    has_out_norm: bool, rows_per_block: int, weight_dtype: str,
-                   weight_in_registers: bool = False):
+                   weight_in_registers: bool = False, fast: bool = False):
     """The per-row pipeline as a ``@T.macro`` (see the module docstring for the lane layout).
 
     Macro arguments: ``x`` local FP32 [16] (this lane's elements ``lane*16 .. lane*16+15`` of the
@@ -81,6 +81,10 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     With ``weight_in_registers`` the ``weight`` argument is instead a local FP32 [16] buffer already
     holding ``float(w)`` of this lane's 16 channels (a kernel that stores several rows per thread
     loads and converts it once).
+    ``fast`` (kv_store's v2; compress_store keeps the default, v1's exact code): the sum of squares
+    lets nvcc contract ``ss + x*x`` into one FFMA (bitwise the same: x is BF16-valued, so x*x has at
+    most 16 significant bits and is exact in FP32), and a BF16 row stores the BF16 words that the last
+    stage already rounded (no widen / re-round / byte split).
     """
     dim = fmt.dim
     lanes = dim // VEC  # lanes per row
@@ -147,7 +151,10 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         # ---- RMSNorm: FP32 sum of squares over the row's lanes, y = bf16(x * rstd * w)
         ss = T.float32(0)
         for i in T.unroll(VEC):
-            ss = ss + T.ieee_mul(x[i], x[i])  # squares rounded like torch's x * x (no FMA)
+            if fast:
+                ss = ss + x[i] * x[i]  # exact product (BF16 x): an FFMA rounds like FMUL + FADD
+            else:
+                ss = ss + T.ieee_mul(x[i], x[i])  # squares rounded like torch's x * x (no FMA)
         for k in T.unroll(log_lanes):
             ss = ss + T.shfl_xor(ss, lanes >> (k + 1))  # a + b == b + a: every lane gets the same sum
         rstd = T.ieee_fdiv(_f32(1.0), T.ieee_fsqrt(T.ieee_add(T.ieee_mul(ss, _f32(1.0 / dim)), eps)))
@@ -210,7 +217,9 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
             round_to_bf16(z, y, yb)
 
         # ---- cast: one scale per group (a group spans 2 lanes or is a 16-element lane)
-        if kind == "bf16":
+        if kind == "bf16" and fast:
+            pass  # yb already holds the last stage's BF16 row (stored from yb below)
+        elif kind == "bf16":
             for j in T.unroll(VEC):
                 yb[j] = T.Cast("bfloat16", y[j])
             for j in T.unroll(VEC):
@@ -276,9 +285,15 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
             else:
                 data_base = slot * fmt.row_bytes
                 scale_base = slot * fmt.row_bytes + fmt.data_bytes
-            for v in T.unroll(out_bytes // store_vec):
-                for i in T.vectorized(store_vec):
-                    cache[data_base + lane * out_bytes + v * store_vec + i] = packed[v * store_vec + i]
+            if kind == "bf16" and fast:
+                yb8 = T.view(yb, [out_bytes], "uint8")
+                for v in T.unroll(out_bytes // store_vec):
+                    for i in T.vectorized(store_vec):
+                        cache[data_base + lane * out_bytes + v * store_vec + i] = yb8[v * store_vec + i]
+            else:
+                for v in T.unroll(out_bytes // store_vec):
+                    for i in T.vectorized(store_vec):
+                        cache[data_base + lane * out_bytes + v * store_vec + i] = packed[v * store_vec + i]
             if kind != "bf16":
                 if lanes_per_group == 2:
                     if lane % 2 == 0:
@@ -293,6 +308,22 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
 def kv_store_kernel(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: bool, has_out_norm: bool,
                     rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str,
                     rows_per_thread: int = 1):
+    """Variant v1 (see ``_kv_store_prim``)."""
+    return _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
+                          weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=False)
+
+
+@tilelang.jit
+def kv_store_kernel_v2(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: bool, has_out_norm: bool,
+                       rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str,
+                       rows_per_thread: int = 1):
+    """Variant v2: v1's layout with ``make_row_store(fast=True)`` (fewer instructions, same bytes)."""
+    return _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
+                          weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=True)
+
+
+def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block, weight_dtype,
+                   pos_dtype, slot_dtype, rows_per_thread, fast):
     """``rows_per_thread`` (R): each thread stores R rows, ``rows_per_cta`` apart, so a CTA covers
     R * rows_per_cta consecutive rows; all R rows' loads are issued before the first row's math
     (R times the bytes in flight) and the lane's weights are loaded and converted once."""
@@ -304,7 +335,7 @@ def kv_store_kernel(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: b
     half = rope_dim // 2
     wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte loads
     row_store = make_row_store(fmt, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
-                               weight_dtype, weight_in_registers=True)
+                               weight_dtype, weight_in_registers=True, fast=fast)
     rows, norm_rows, max_pos = T.dynamic("rows, norm_rows, max_pos")
     cache_bytes = T.dynamic("cache_bytes", "int64")
     block_bytes = rows_per_block * fmt.row_bytes
@@ -364,9 +395,9 @@ def kv_store_kernel(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: b
     return kernel
 
 
-VARIANTS = ("v1",)
-VARIANT = "v1"
-KERNELS = {"v1": kv_store_kernel}
+VARIANTS = ("v1", "v2")
+VARIANT = "v2"
+KERNELS = {"v1": kv_store_kernel, "v2": kv_store_kernel_v2}
 
 
 def rows_per_cta(variant: str, fmt: KVCacheFormat) -> int:
@@ -400,19 +431,24 @@ def _dummy_norm(dim: int, device) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(*static):
-    return kv_store_kernel(*static)
+def _kernel(variant, *static):
+    return KERNELS[variant](*static)
 
 
 def norm_rope_hadamard_cast_store(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, *,
-                                  rope_dim=64, interleaved=True, hadamard=False, out_norm=None) -> None:
+                                  rope_dim=64, interleaved=True, hadamard=False, out_norm=None,
+                                  variant=None) -> None:
     """Per row i: y = rmsnorm(kv[i]); [out_norm[i] = y]; if slot >= 0: cache[slot] = cast(H(rope(y))).
 
     Same arguments and results as ``reference.kv_store.norm_rope_hadamard_cast_store_ref``:
     kv [rows, fmt.dim] bf16, norm_weight [fmt.dim] bf16/fp32, cos/sin [max_position, rope_dim/2] fp32,
     positions/slot_mapping [rows] int32/int64, kv_cache [num_blocks, fmt.block_bytes(rpb)] uint8
     (written in place), out_norm optional [rows, fmt.dim] bf16. kv may be non-contiguous (copied).
+    ``variant``: "v1" / "v2" (None: the module's ``VARIANT``); same bytes, different instruction mix.
     """
+    variant = VARIANT if variant is None else variant
+    if variant not in VARIANTS:
+        raise ValueError(f"norm_rope_hadamard_cast_store: variant must be one of {VARIANTS}, got {variant!r}")
     geom = check_store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
                             rope_dim=rope_dim, interleaved=interleaved, hadamard=hadamard, out_norm=out_norm)
     check_cuda(kv=kv, kv_cache=kv_cache)
@@ -437,5 +473,5 @@ def norm_rope_hadamard_cast_store(kv, norm_weight, eps, cos, sin, positions, slo
     kv = kv.contiguous()
     if kv.data_ptr() % 16:
         kv = kv.clone()
-    _kernel(*static)(kv, norm_weight.contiguous(), cos.contiguous(), sin.contiguous(),
+    _kernel(variant, *static)(kv, norm_weight.contiguous(), cos.contiguous(), sin.contiguous(),
                      positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1), norm, float(eps))
