@@ -61,6 +61,12 @@ def test_cpu_fallback_says_so_and_passes(fake_ops):
     assert "build check sm_90a: kernel not implemented" in text
 
 
+def test_cuda_runs_kernels_and_skips_the_build_check(fake_ops):
+    rc, text = _run(fake_ops, ("fake.good",), cuda=True)
+    assert rc == 0
+    assert "kernel vs reference (CUDA)" in text and "superseded" in text and "1 kernels compiled" not in text
+
+
 def test_missing_kernel_is_not_a_pass(fake_ops):
     rc, text = _run(fake_ops, ("fake.todo",), cuda=True)
     assert rc == 0
