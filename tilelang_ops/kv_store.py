@@ -123,6 +123,8 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         sn = T.alloc_local([VEC], "float32")
         yb = T.alloc_local([VEC], "bfloat16")
         codes = T.alloc_local([VEC], "uint8")
+        c32 = T.alloc_local([VEC], "uint32")
+        words = T.alloc_local([VEC // 8], "uint32")
         f8 = T.alloc_local([VEC], "float8_e4m3fn")
         packed = T.alloc_local([out_bytes], "uint8")
         ss = T.alloc_var("float32")
@@ -253,8 +255,9 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                     z[j] = T.ieee_mul(y[j], inv)
                 for j in T.vectorized(VEC):  # pairs: cvt.rn.satfinite.e4m3x2.f32
                     f8[j] = T.Cast("float8_e4m3fn", z[j])
-                for j in T.unroll(VEC):
-                    packed[j] = T.reinterpret(f8[j], "uint8")
+                if not fast:  # (fast: stored straight from f8's words, no byte split / reassembly)
+                    for j in T.unroll(VEC):
+                        packed[j] = T.reinterpret(f8[j], "uint8")
             else:
                 # e2m1 RNE without thresholds: a = min(|x|, 6); t = a + M rounds a to the grid of
                 # ulp(M) (RNE, one IEEE add): M = 2^22 (grid 0.5) below 2, 2^23 (grid 1) below 4,
@@ -264,7 +267,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                     z[j] = T.ieee_mul(y[j], inv)
                 for j in T.unroll(VEC):
                     mag = T.min(T.abs(z[j]), _f32(6.0))
-                    codes[j] = T.Cast("uint8", (
+                    code = ((
                         T.reinterpret(T.ieee_add(mag, T.if_then_else(
                             mag < _f32(2.0), _f32(2.0 ** 22),
                             T.if_then_else(mag < _f32(4.0), _f32(2.0 ** 23), _f32(2.0 ** 24)))), "uint32")
@@ -272,8 +275,18 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                                          T.if_then_else(mag < _f32(4.0), T.uint32(0x4B000000 - 2),
                                                         T.uint32(0x4B800000 - 4))))
                         | ((T.reinterpret(z[j], "uint32") >> T.uint32(28)) & T.uint32(8)))
-                for j in T.unroll(VEC // 2):
-                    packed[j] = codes[2 * j] | (codes[2 * j + 1] << T.uint8(4))
+                    if fast:
+                        c32[j] = code
+                    else:
+                        codes[j] = T.Cast("uint8", code)
+                if fast:  # 8 codes per 32-bit word (disjoint nibbles: multiply-add == shift-or)
+                    for w in T.unroll(VEC // 8):
+                        words[w] = c32[8 * w]
+                        for k in T.unroll(7):
+                            words[w] = words[w] + c32[8 * w + k + 1] * T.uint32(1 << (4 * (k + 1)))
+                else:
+                    for j in T.unroll(VEC // 2):
+                        packed[j] = codes[2 * j] | (codes[2 * j + 1] << T.uint8(4))
 
         # ---- store at the slot (bad slots / positions are skipped, never written out of bounds)
         if row_ok and slot >= 0 and slot < capacity and position >= 0 and position < max_pos:
@@ -285,11 +298,16 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
             else:
                 data_base = slot * fmt.row_bytes
                 scale_base = slot * fmt.row_bytes + fmt.data_bytes
-            if kind == "bf16" and fast:
-                yb8 = T.view(yb, [out_bytes], "uint8")
+            if fast:
+                if kind == "bf16":
+                    src8 = T.view(yb, [out_bytes], "uint8")
+                elif kind == "e4m3":
+                    src8 = T.view(f8, [out_bytes], "uint8")
+                else:
+                    src8 = T.view(words, [out_bytes], "uint8")
                 for v in T.unroll(out_bytes // store_vec):
                     for i in T.vectorized(store_vec):
-                        cache[data_base + lane * out_bytes + v * store_vec + i] = yb8[v * store_vec + i]
+                        cache[data_base + lane * out_bytes + v * store_vec + i] = src8[v * store_vec + i]
             else:
                 for v in T.unroll(out_bytes // store_vec):
                     for i in T.vectorized(store_vec):
