@@ -164,10 +164,22 @@ def e2m1_codes_kernel_expression(x: torch.Tensor) -> torch.Tensor:
     return (code | sign).to(torch.uint8)
 
 
+def e2m1_codes_kernel_expression_v2(x: torch.Tensor) -> torch.Tensor:
+    """Variant v2's e2m1 encode, op for op: the magic constant from the exponent bits,
+    M = max(bits(a) & 0x7F800000, bits(1.0)) + (22 << 23) (2^22 / 2^23 / 2^24 for a < 2 / < 4 / >= 4,
+    the same choice as v1's thresholds), t = a + M, code = bits(t) - M + ((M >> 22) - 298)."""
+    mag = x.abs().clamp_max(6.0)
+    m = (mag.view(torch.int32).long() & 0x7F800000).clamp_min(0x3F800000) + (22 << 23)
+    t = mag + m.to(torch.int32).view(torch.float32)
+    code = t.view(torch.int32).long() - m + ((m >> 22) - 298)
+    sign = (x.view(torch.int32).long() >> 28) & 8
+    return (code | sign).to(torch.uint8)
+
+
 def test_e2m1_kernel_expression_exhaustive():
     """Every FP32 value with 2^-3 <= |x| < 8 (all 2^23 mantissas of each exponent, both signs), every
     tiny magnitude class below that (a stride through the patterns) and the specials: the kernel's
-    threshold-free encode equals the midpoint-threshold reference code for code."""
+    threshold-free encode (v1's and v2's forms) equals the midpoint-threshold reference code for code."""
     lo, hi = 0x3E000000, 0x41000000  # bits of 2^-3 and 8.0
     chunk = 1 << 23
     for start in range(lo, hi, chunk):
@@ -176,11 +188,14 @@ def test_e2m1_kernel_expression_exhaustive():
             x = (bits + sign).to(torch.int32).view(torch.float32)
             want, got = cast_to_e2m1_codes(x), e2m1_codes_kernel_expression(x)
             assert torch.equal(got, want), x[(got != want).nonzero()[:5].flatten()].tolist()
+            got = e2m1_codes_kernel_expression_v2(x)
+            assert torch.equal(got, want), x[(got != want).nonzero()[:5].flatten()].tolist()
     small = torch.arange(0, lo, 997, dtype=torch.int64)  # 0 and subnormals up to 2^-3 (all code 0)
     big = torch.arange(hi, 0x7F800001, 1009, dtype=torch.int64)  # 8 .. inf (all code 7)
     x = torch.cat([small, big]).to(torch.int32).view(torch.float32)
     x = torch.cat([x, -x, f32([0.0, -0.0, float("inf"), -float("inf"), 6.0, -6.0, 2.0**-149])])
     assert torch.equal(e2m1_codes_kernel_expression(x), cast_to_e2m1_codes(x))
+    assert torch.equal(e2m1_codes_kernel_expression_v2(x), cast_to_e2m1_codes(x))
 
 
 def test_ue8m0_random_vs_log2():

@@ -21,6 +21,17 @@ SPEC's clamp, keeps the sign of zero); e2m1 codes (sm_90 has no e2m1 conversion 
 one RNE add of a magic constant (see the cast stage; proved equal to the threshold reference on every
 FP32 value of interest in tests/test_kv_store.py).
 
+Variants (``VARIANT``, or ``variant=`` per call; same bytes): "v2" (default) is v1 with fewer SASS
+instructions (``make_row_store(fast=True)``): the sum of squares as FFMAs (x is BF16-valued, so x*x
+is exact in FP32 and ``ss + x*x`` rounds once either way; only products below 2^-126, |x| < 2^-63,
+are inexact as FMULs, which can matter only when eps ~ 0 and a whole 16-element chunk is that tiny),
+e4m3 codes stored straight from the cvt words, e2m1 codes from an exponent-bits magic constant (no
+compares / selects) packed 8 per 32-bit word, BF16 rows stored from the already rounded words.
+Main-body SASS instructions per thread (sm_90a; R = 2 for fp8/bf16, 1 for fp4/index as used at 1M
+rows): fp8 982 -> 860 (2 rows), fp4 654 -> 598, fp4 index 849 -> 793, bf16 808 -> 635 (2 rows).
+"v1" is the first kernel; compress_store calls the macro in its v1 form (unchanged generated code).
+``tools/check_kv_store_emu.py`` runs both on CPU (emulated CUDA) against the twin, bitwise.
+
 Reuse: ``make_row_store`` returns the per-row pipeline as a ``@T.macro`` that takes one row already in
 registers (16 FP32 values per lane in the layout above) and does norm -> rope -> [hadamard] -> cast ->
 store; ``compress_store`` can call it on its compressed row.
@@ -265,20 +276,28 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                 # 0..4 = 0..2 in steps of .5, 5..6 = 3..4, 7 = 6). The sign bit is the input's.
                 for j in T.unroll(VEC):
                     z[j] = T.ieee_mul(y[j], inv)
-                for j in T.unroll(VEC):
-                    mag = T.min(T.abs(z[j]), _f32(6.0))
-                    code = ((
-                        T.reinterpret(T.ieee_add(mag, T.if_then_else(
-                            mag < _f32(2.0), _f32(2.0 ** 22),
-                            T.if_then_else(mag < _f32(4.0), _f32(2.0 ** 23), _f32(2.0 ** 24)))), "uint32")
-                        - T.if_then_else(mag < _f32(2.0), T.uint32(0x4A800000),
-                                         T.if_then_else(mag < _f32(4.0), T.uint32(0x4B000000 - 2),
-                                                        T.uint32(0x4B800000 - 4))))
-                        | ((T.reinterpret(z[j], "uint32") >> T.uint32(28)) & T.uint32(8)))
-                    if fast:
-                        c32[j] = code
-                    else:
-                        codes[j] = T.Cast("uint8", code)
+                if fast:
+                    # the same M from a's exponent bits (no compares / selects): M = max(bits(a) &
+                    # 0x7F800000, bits(1.0)) + (22 << 23) is 2^22 / 2^23 / 2^24 for a < 2 / < 4 / >= 4,
+                    # and {0, 2, 4} = (bits(M) >> 22) - 298 (tests: exhaustive vs the reference codes)
+                    for j in T.unroll(VEC):
+                        mag = T.min(T.abs(z[j]), _f32(6.0))
+                        mbits = T.max(T.reinterpret(mag, "uint32") & T.uint32(0x7F800000),
+                                      T.uint32(0x3F800000)) + T.uint32(22 << 23)
+                        c32[j] = ((T.reinterpret(T.ieee_add(mag, T.reinterpret(mbits, "float32")), "uint32")
+                                   - mbits + ((mbits >> T.uint32(22)) - T.uint32(298)))
+                                  | ((T.reinterpret(z[j], "uint32") >> T.uint32(28)) & T.uint32(8)))
+                else:
+                    for j in T.unroll(VEC):
+                        mag = T.min(T.abs(z[j]), _f32(6.0))
+                        codes[j] = T.Cast("uint8", (
+                            T.reinterpret(T.ieee_add(mag, T.if_then_else(
+                                mag < _f32(2.0), _f32(2.0 ** 22),
+                                T.if_then_else(mag < _f32(4.0), _f32(2.0 ** 23), _f32(2.0 ** 24)))), "uint32")
+                            - T.if_then_else(mag < _f32(2.0), T.uint32(0x4A800000),
+                                             T.if_then_else(mag < _f32(4.0), T.uint32(0x4B000000 - 2),
+                                                            T.uint32(0x4B800000 - 4))))
+                            | ((T.reinterpret(z[j], "uint32") >> T.uint32(28)) & T.uint32(8)))
                 if fast:  # 8 codes per 32-bit word (disjoint nibbles: multiply-add == shift-or)
                     for w in T.unroll(VEC // 8):
                         words[w] = c32[8 * w]
