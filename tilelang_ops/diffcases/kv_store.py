@@ -158,13 +158,14 @@ def run_case(case_id: str, device):
 
 def build_check():
     from tilelang_ops.build import compile_for_sm90
-    from tilelang_ops.kv_store import kv_store_kernel
+    from tilelang_ops.kv_store import KERNELS
 
     built = []
-    for name, hadamard, rpb in (("fp8_main", False, 1), ("fp4_main", False, 1), ("fp4_index", True, 64),
-                                ("bf16", False, 1)):
-        for interleaved in (True, False):
-            compile_for_sm90(kv_store_kernel, name, 64, interleaved, hadamard, True, rpb, "bfloat16",
-                             "int64", "int64")
-            built.append(f"{name}_{'il' if interleaved else 'half'}")
+    for variant, factory in KERNELS.items():
+        for name, hadamard, rpb in (("fp8_main", False, 1), ("fp4_main", False, 1), ("fp4_index", True, 64),
+                                    ("bf16", False, 1)):
+            for interleaved in (True, False):
+                compile_for_sm90(factory, name, 64, interleaved, hadamard, True, rpb, "bfloat16",
+                                 "int64", "int64")
+                built.append(f"{variant}_{name}_{'il' if interleaved else 'half'}")
     return built
