@@ -16,6 +16,10 @@ def main(argv):
         print("make bench needs CUDA; no GPU here, nothing was timed.")
         return 0
     wanted = argv or list(BENCH_MODULES)
+    # Every case is a new static shape for the torch.compile peers: without a higher limit dynamo
+    # stops recompiling after 8 and silently runs later cases eagerly (the "compile" column would
+    # then time eager code).
+    torch._dynamo.config.recompile_limit = max(256, torch._dynamo.config.recompile_limit)
     h = Harness()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     h.measure_roofline()

@@ -39,9 +39,6 @@ def _inputs(fmt, rows):
 def run(h: Harness) -> None:
     from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
 
-    # 16 static shapes: without a higher limit dynamo stops recompiling after 8 and silently runs
-    # the later cases eagerly (the "compile" column then times eager code)
-    torch._dynamo.config.recompile_limit = max(64, torch._dynamo.config.recompile_limit)
     compiled = torch.compile(norm_rope_hadamard_cast_store_torch, dynamic=False)
     for fmt, hadamard in FORMATS:
         for rows in ROWS:
