@@ -258,6 +258,17 @@ def test_stored_rows_follow_the_pipeline():
 # ----------------------------------------------------------------------------------------------
 
 
+def schedule(parts, decode_step, n):
+    """(length, is_prefill) steps: the prefill chunks ``parts``, then decode steps of ``decode_step``
+    tokens until ``n`` tokens are processed."""
+    steps = [(length, True) for length in parts]
+    done = sum(parts)
+    while decode_step and done < n:
+        steps.append((min(decode_step, n - done), False))
+        done += steps[-1][0]
+    return steps
+
+
 def process(parts, x, r, ring, p, fn=REF, decode_step=None):
     """Prefill ``parts`` (chunk lengths), then decode steps of ``decode_step`` tokens up to len(x).
     Returns the cache, the ring, and the out_norm rows of completed groups in order."""
@@ -265,11 +276,7 @@ def process(parts, x, r, ring, p, fn=REF, decode_step=None):
     state = torch.zeros(1, ring, 2, D)
     cache = new_cache(p.fmt, -(-n // BLOCK) + 1, r)
     norms, e = [], 0
-    steps = [(length, True) for length in parts]
-    done = sum(parts)
-    while decode_step and done < n:
-        steps.append((min(decode_step, n - done), False))
-        done += steps[-1][0]
+    steps = schedule(parts, decode_step, n)
     for length, is_prefill in steps:
         e += length
         meta = prepare_tensor_input([seq(length, e, 0)], is_prefill=is_prefill, block_size=BLOCK,
@@ -746,11 +753,7 @@ def process_gpu(parts, x, r, ring, p, fns, decode_step=None):
                        dtype=torch.uint8, device=x.device)
     blocks = list(range(cache.shape[0]))
     norms, e = [], 0
-    steps = [(length, True) for length in parts]
-    done = sum(parts)
-    while decode_step and done < n:
-        steps.append((min(decode_step, n - done), False))
-        done += steps[-1][0]
+    steps = schedule(parts, decode_step, n)
     for length, is_prefill in steps:
         e += length
         meta = prepare_tensor_input([SeqMetadata(length, e, blocks, 0)], is_prefill=is_prefill,
