@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.harness import time_graph_us, time_us
+from benchmarks.harness import compile_peer, time_graph_us, time_peer, time_us
 from reference.compress import compress_decode_torch, compress_prefill_torch
 from tilelang_ops.compress import compress_decode, compress_prefill
 
@@ -57,47 +57,27 @@ def _decode_inputs(batch, q):
     return x, state, torch.tensor(ctx, **i32), torch.tensor(slots, **i32), nbytes
 
 
-def _compiled(fn):
-    try:
-        return torch.compile(fn, dynamic=False)
-    except Exception as exc:  # noqa: BLE001 - a peer that cannot compile is reported, not fatal
-        print(f"torch.compile unavailable: {exc}")
-        return None
-
-
-def _peer_us(fn, timer):
-    if fn is None:
-        return None
-    try:
-        fn()
-        torch.cuda.synchronize()
-        return timer(fn)
-    except Exception as exc:  # noqa: BLE001
-        print(f"peer failed: {type(exc).__name__}: {str(exc)[:200]}")
-        return None
-
-
 def run(h) -> None:
-    compiled_prefill = _compiled(compress_prefill_torch)
+    compiled_prefill = compile_peer(compress_prefill_torch)
     for case, num_reqs in PREFILL_CASES.items():
         x, state, meta, rows, nbytes = _prefill_inputs(num_reqs)
         args = (x, state, *meta, RATIO)
         us = time_us(lambda: compress_prefill(*args, num_rows=rows))  # noqa: B023
-        eager = _peer_us(lambda: compress_prefill_torch(*args, num_rows=rows), time_us)  # noqa: B023
+        eager = time_peer("eager", lambda: compress_prefill_torch(*args, num_rows=rows), time_us)  # noqa: B023
         comp = None
         if compiled_prefill is not None:
-            comp = _peer_us(lambda: compiled_prefill(*args, num_rows=rows), time_us)  # noqa: B023
+            comp = time_peer("compile", lambda: compiled_prefill(*args, num_rows=rows), time_us)  # noqa: B023
         h.report(OP, case, nbytes, us, eager_us=eager, compile_us=comp)
         del x, state, args
         torch.cuda.empty_cache()
 
-    compiled_decode = _compiled(compress_decode_torch)
+    compiled_decode = compile_peer(compress_decode_torch)
     for batch, q in DECODE_CASES:
         x, state, ctx, slots, nbytes = _decode_inputs(batch, q)
         args = (x, state, ctx, slots, q, RATIO)
         us = time_graph_us(lambda: compress_decode(*args))  # noqa: B023
-        eager = _peer_us(lambda: compress_decode_torch(*args), time_graph_us)  # noqa: B023
+        eager = time_peer("eager", lambda: compress_decode_torch(*args), time_graph_us)  # noqa: B023
         comp = None
         if compiled_decode is not None:
-            comp = _peer_us(lambda: compiled_decode(*args), time_graph_us)  # noqa: B023
+            comp = time_peer("compile", lambda: compiled_decode(*args), time_graph_us)  # noqa: B023
         h.report(OP, f"b{batch}q{q}", nbytes, us, eager_us=eager, compile_us=comp)

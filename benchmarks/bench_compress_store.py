@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from benchmarks.harness import Harness, time_graph_us, time_us
+from benchmarks.harness import Harness, compile_peer, time_graph_us, time_peer, time_us
 from metadata.cache_format import FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT
 from metadata.prepare_tensor_input import SeqMetadata, prepare_tensor_input
 from reference.compress_store import compress_store_decode_torch, compress_store_prefill_torch
@@ -102,26 +102,14 @@ def _decode(batch, q, fmt):
     return args, kw, nbytes
 
 
-def _try(name, fn, timer):
-    """Time a peer; a peer that fails (compile errors, OOM) is reported, not fatal."""
-    try:
-        fn()
-        torch.cuda.synchronize()
-        return timer(fn)
-    except Exception as exc:  # noqa: BLE001
-        print(f"{OP} peer {name} failed: {type(exc).__name__}: {str(exc)[:200]}")
-        torch.cuda.empty_cache()
-        return None
-
-
 def _case(h, case, args, kw, nbytes, fused, two_kernel, twin, compiled, tiny):
     timer = time_graph_us if tiny else time_us
     us = timer(lambda: fused(*args, **kw))
     v1 = functools.partial(fused, variant="v1")
-    peers = {"two_kernel": _try("two_kernel", lambda: two_kernel(*args, **kw), timer),
-             "v1": _try("v1", lambda: v1(*args, **kw), timer)}
-    eager = _try("eager", lambda: twin(*args, **kw), timer)
-    comp = _try("compile", lambda: compiled(*args, **kw), timer) if compiled is not None else None
+    peers = {"two_kernel": time_peer("two_kernel", lambda: two_kernel(*args, **kw), timer),
+             "v1": time_peer("v1", lambda: v1(*args, **kw), timer)}
+    eager = time_peer("eager", lambda: twin(*args, **kw), timer)
+    comp = time_peer("compile", lambda: compiled(*args, **kw), timer) if compiled is not None else None
     h.report(OP, case, nbytes, us, eager_us=eager, compile_us=comp,
              peers={k: v for k, v in peers.items() if v is not None} or None)
 
@@ -134,16 +122,9 @@ def run(h: Harness) -> None:
         two_kernel_prefill,
     )
 
-    def compiled(fn):
-        try:
-            return torch.compile(fn, dynamic=False)
-        except Exception as exc:  # noqa: BLE001
-            print(f"torch.compile unavailable: {exc}")
-            return None
-
     if os.environ.get("COMPRESS_STORE_SWEEP", "0") == "1":
         sweep()
-    cp, cd = compiled(compress_store_prefill_torch), compiled(compress_store_decode_torch)
+    cp, cd = compile_peer(compress_store_prefill_torch), compile_peer(compress_store_decode_torch)
     for case, (num_reqs, fmt, norm) in PREFILL_CASES.items():
         args, kw, nbytes = _prefill(num_reqs, fmt, norm)
         _case(h, case, args, kw, nbytes, compress_store_prefill, two_kernel_prefill,

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from benchmarks.harness import Harness, time_graph_us, time_us
+from benchmarks.harness import Harness, compile_peer, time_graph_us, time_peer, time_us
 from metadata.cache_format import BF16_KV_FORMAT, FP4_INDEX_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT
 from reference.kv_store import norm_rope_hadamard_cast_store_torch
 
@@ -39,7 +39,7 @@ def _inputs(fmt, rows):
 def run(h: Harness) -> None:
     from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
 
-    compiled = torch.compile(norm_rope_hadamard_cast_store_torch, dynamic=False)
+    compiled = compile_peer(norm_rope_hadamard_cast_store_torch)
     for fmt, hadamard in FORMATS:
         for rows in ROWS:
             kv, w, cos, sin, pos, slots, cache = _inputs(fmt, rows)
@@ -48,12 +48,8 @@ def run(h: Harness) -> None:
             timer = time_graph_us if rows <= TINY else time_us
             us = timer(lambda: norm_rope_hadamard_cast_store(*args, **kw))  # noqa: B023
             eager_us = timer(lambda: norm_rope_hadamard_cast_store_torch(*args, **kw))  # noqa: B023
-            try:
-                compiled(*args, **kw)  # compile outside the timed region
-                compile_us = timer(lambda: compiled(*args, **kw))  # noqa: B023
-            except Exception as exc:  # guard failures / unsupported ops: report, keep going
-                print(f"torch.compile peer failed ({fmt.name}, {rows}): {type(exc).__name__}: {exc}"[:300])
-                compile_us = None
+            compile_us = None if compiled is None else time_peer(
+                f"compile {fmt.name} rows{rows}", lambda: compiled(*args, **kw), timer)  # noqa: B023
             v1_us = timer(lambda: norm_rope_hadamard_cast_store(*args, **kw, variant="v1"))  # noqa: B023
             nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
             h.report(OP, f"{fmt.name}_rows{rows}", nbytes, us, eager_us=eager_us, compile_us=compile_us,

@@ -58,6 +58,30 @@ def time_graph_us(fn, *, rep: int = 200) -> float:
         return time_us(fn, warmup=10, rep=rep)
 
 
+def compile_peer(fn):
+    """``torch.compile(fn, dynamic=False)``, or None (reported) where torch.compile is unavailable."""
+    try:
+        return torch.compile(fn, dynamic=False)
+    except Exception as exc:  # noqa: BLE001 - a peer that cannot compile is reported, not fatal
+        print(f"torch.compile unavailable: {exc}")
+        return None
+
+
+def time_peer(name: str, fn, timer) -> float | None:
+    """Median us of a peer, run once first (so compiling stays outside the timed region); a peer that
+    fails (compile errors, OOM) or is None is reported and gives None, never a crash."""
+    if fn is None:
+        return None
+    try:
+        fn()
+        torch.cuda.synchronize()
+        return timer(fn)
+    except Exception as exc:  # noqa: BLE001
+        print(f"peer {name} failed: {type(exc).__name__}: {str(exc)[:200]}")
+        torch.cuda.empty_cache()
+        return None
+
+
 @dataclass
 class Harness:
     """Measures the copy roofline once and collects one row per case."""
