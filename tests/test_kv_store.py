@@ -177,10 +177,39 @@ def e2m1_codes_kernel_expression_v2(x: torch.Tensor) -> torch.Tensor:
     return (code | sign).to(torch.uint8)
 
 
+def e2m1_words_kernel_expression_v3(x: torch.Tensor) -> torch.Tensor:
+    """The v3 e2m1 encode + packing, op for op (x [..., 8] fp32 -> [...] int64 holding uint32 words,
+    nibble k = element k). It works on z2 = 2 z (the kernel folds the 2 into the scale: inv2 = 2 / sf),
+    where one FMA rounds onto the e2m1 grid and leaves the code in the low nibble of the result's bits:
+    F = max(bits(a) & 0x7F800000, bits(2.0) | 16) with a = min(|z2|, 12) (exponent 2 / 4 / 8 for
+    |z| < 2 / < 4 / >= 4), t = float(F + (F >> 22)) * 2^22 + a. float(F) * 2^22 is 2^22 F (grid
+    ulp = 1 / 2 / 4 on a, the e2m1 grid on |z|); the added F >> 22 = 2 * exponent = 256 / 258 / 260
+    (and the 16) are whole grid steps, = 0 / 2 / 4 mod 16: the codes of 0 / 2 / 4 (0 / 2 / 4 for
+    |z| = 0 / 2 / 4), so bits(t) mod 16 = the code (RNE: bits(F * 2^22) is even). Packing: w = (w >> 4)
+    | (bits(t) << 28) (one funnel shift), then the sign: w |= bits(z2) & 0x80000000."""
+    z2 = x * 2.0  # exact (z2 differs from the kernel's y * inv2 only for subnormal z: code 0 either way)
+    mag = z2.abs().clamp_max(12.0)
+    f = (mag.view(torch.int32) & 0x7F800000).clamp_min(0x40000010)  # non-negative: int32 is uint32 here
+    # the product is exact (a power-of-two scale of a small float), so mul + add == the kernel's FFMA
+    t = (f + (f >> 22)).view(torch.float32) * 2.0**22 + mag
+    tb = t.view(torch.int32).long() & 0xFFFFFFFF
+    sign = z2.view(torch.int32).long() & 0x80000000
+    w = ((tb[..., 0] << 28) & 0xFFFFFFFF) | sign[..., 0]
+    for k in range(1, 8):
+        w = (w >> 4) | ((tb[..., k] << 28) & 0xFFFFFFFF) | sign[..., k]
+    return w
+
+
+def _pack_e2m1_words(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes [..., 8] -> int64 words, nibble k = code k (the cache's FP4 byte order)."""
+    return sum(codes[..., k].long() << (4 * k) for k in range(8))
+
+
 def test_e2m1_kernel_expression_exhaustive():
     """Every FP32 value with 2^-3 <= |x| < 8 (all 2^23 mantissas of each exponent, both signs), every
     tiny magnitude class below that (a stride through the patterns) and the specials: the kernel's
-    threshold-free encode (v1's and v2's forms) equals the midpoint-threshold reference code for code."""
+    threshold-free encode (v1's, v2's and v3's forms) equals the midpoint-threshold reference code for code
+    (v3 packs 8 codes per word: compared word for word with the reference codes packed)."""
     lo, hi = 0x3E000000, 0x41000000  # bits of 2^-3 and 8.0
     chunk = 1 << 23
     for start in range(lo, hi, chunk):
@@ -191,12 +220,16 @@ def test_e2m1_kernel_expression_exhaustive():
             assert torch.equal(got, want), x[(got != want).nonzero()[:5].flatten()].tolist()
             got = e2m1_codes_kernel_expression_v2(x)
             assert torch.equal(got, want), x[(got != want).nonzero()[:5].flatten()].tolist()
+            got, want = e2m1_words_kernel_expression_v3(x.view(-1, 8)), _pack_e2m1_words(want.view(-1, 8))
+            assert torch.equal(got, want), x.view(-1, 8)[(got != want).nonzero()[:2].flatten()].tolist()
     small = torch.arange(0, lo, 997, dtype=torch.int64)  # 0 and subnormals up to 2^-3 (all code 0)
     big = torch.arange(hi, 0x7F800001, 1009, dtype=torch.int64)  # 8 .. inf (all code 7)
     x = torch.cat([small, big]).to(torch.int32).view(torch.float32)
     x = torch.cat([x, -x, f32([0.0, -0.0, float("inf"), -float("inf"), 6.0, -6.0, 2.0**-149])])
     assert torch.equal(e2m1_codes_kernel_expression(x), cast_to_e2m1_codes(x))
     assert torch.equal(e2m1_codes_kernel_expression_v2(x), cast_to_e2m1_codes(x))
+    x = torch.cat([x, torch.zeros(-x.numel() % 8)]).view(-1, 8)
+    assert torch.equal(e2m1_words_kernel_expression_v3(x), _pack_e2m1_words(cast_to_e2m1_codes(x)))
 
 
 def test_ue8m0_random_vs_log2():
@@ -701,6 +734,23 @@ def test_build_sm90(cfg):
     assert ("out_norm +" in src) == cfg[4]
 
 
+@pytest.mark.parametrize("fmt_name", list(STORE_VECTOR) + ["fp4_index"])
+def test_build_sm90_v3(fmt_name):
+    """v3 (two chunks per lane; FP8 also four) lowers and compiles with its payload in vector stores: its
+    store guard is a kernel argument, so TileLang's safe-memory pass (which would split every vector
+    store into guarded byte stores) is off and nothing else may need it."""
+    from tilelang_ops.build import compile_for_sm90
+    from tilelang_ops.kv_store import kv_store_kernel_v3
+
+    rpb, had = (64, True) if fmt_name == "fp4_index" else (1, False)
+    for chunks in ((2, 4) if fmt_name == "fp8_main" else (2,)):
+        src = compile_for_sm90(kv_store_kernel_v3, fmt_name, 64, True, had, True, rpb, "bfloat16", "int64",
+                               "int64", 1, chunks).get_kernel_source()
+        assert STORE_VECTOR.get(fmt_name, "*(uint2*)(cache") in src, f"{fmt_name} chunks={chunks}: byte stores"
+        assert "(slot < capacity)" in src
+        assert src.count("__shfl_xor_sync") >= 2
+
+
 @pytest.mark.parametrize("cfg", [("bf16", 64, True, False, True, 1, "bfloat16", "int64", "int64", 2),
                                  ("fp4_index", 64, False, True, False, 5, "float32", "int32", "int32")],
                          ids=["bf16_R2", "fp4_index_rpb5"])
@@ -868,11 +918,11 @@ VARIANT_CASES = [GpuCase("fp8_main_rows3001", "fp8_main", 3001),
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", ["v1", "v2"])
+@pytest.mark.parametrize("variant", ["v1", "v2", "v3"])
 @pytest.mark.parametrize("case", VARIANT_CASES, ids=case_id)
 def test_kernel_variants(case, variant):
-    """Each kernel variant (v1: the first kernel, v2: fewer instructions) on its own: bitwise equal to
-    the oracle (cache and out_norm), and to the other variant by transitivity."""
+    """Each kernel variant (v1: the first kernel, v2: fewer instructions, v3: two chunks per lane) on
+    its own: bitwise equal to the oracle (cache and out_norm), and to the others by transitivity."""
     from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
 
     fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
@@ -893,10 +943,33 @@ def test_kernel_variants(case, variant):
 def test_wrapper_rejects_unknown_variant():
     from tilelang_ops.kv_store import VARIANTS, norm_rope_hadamard_cast_store
 
-    assert VARIANTS == ("v1", "v2")
+    assert VARIANTS == ("v1", "v2", "v3")
     fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(StoreCase("v", "fp8_main", 4))
     with pytest.raises(ValueError, match="variant"):
-        norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, variant="v3")
+        norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, variant="v9")
+
+
+@requires_cuda
+@pytest.mark.parametrize("chunks", [2, 4])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
+@pytest.mark.parametrize("fmt_name", list(FORMATS))
+def test_kernel_v3_chunks(fmt_name, interleaved, chunks, monkeypatch):
+    """v3 with 2 and 4 chunks per lane (forced; 4 falls back to 2 where the half-split RoPE partner
+    would share the lane) on a partial last CTA and a tiny launch: bitwise equal to the oracle."""
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+
+    monkeypatch.setenv("KV_STORE_CHUNKS", str(chunks))
+    for rows in (3001, 7):
+        case = GpuCase(f"c{chunks}", fmt_name, rows, interleaved=interleaved, hadamard=fmt_name == "fp4_index",
+                       rows_per_block=5 if fmt_name == "fp4_index" else 64)
+        fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
+        out_norm = torch.full((rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
+        want, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache.clone(), out_norm.clone())
+        norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, interleaved=interleaved,
+                                      hadamard=case.hadamard, out_norm=out_norm, variant="v3")
+        _sync()
+        compare_bitwise(f"kv_cache rows={rows}", cache, want.to(cache.device)).check()
+        compare_bitwise(f"out_norm rows={rows}", out_norm, want_norm.to(out_norm.device)).check()
 
 
 @requires_cuda
