@@ -1,8 +1,9 @@
 """norm_rope_hadamard_cast_store: the TileLang kernel vs the vectorized torch twin (eager and
 torch.compile). Bytes = BF16 rows read + cache bytes written (no out_norm in these cases).
 
-KV_STORE_SWEEP=1 also times the kernel with 1, 2 and 4 rows per thread at 1M and 64K rows (lines
-``SWEEP kv_store ...``; tuning data for ``tilelang_ops.kv_store.ROWS_PER_THREAD``, not reported)."""
+The default variant (v3) is reported with the previous one (v2) as peer ``v2``. KV_STORE_SWEEP=1 also
+times v3 with (chunks per lane, rows per thread) = (2, 1), (4, 1), (2, 2) at 1M rows (lines ``SWEEP
+kv_store ...``; tuning data for ``tilelang_ops.kv_store.CHUNKS`` / ``ROWS_PER_THREAD_V3``, not reported)."""
 
 from __future__ import annotations
 
@@ -50,10 +51,10 @@ def run(h: Harness) -> None:
             eager_us = timer(lambda: norm_rope_hadamard_cast_store_torch(*args, **kw))  # noqa: B023
             compile_us = None if compiled is None else time_peer(
                 f"compile {fmt.name} rows{rows}", lambda: compiled(*args, **kw), timer)  # noqa: B023
-            v1_us = timer(lambda: norm_rope_hadamard_cast_store(*args, **kw, variant="v1"))  # noqa: B023
+            v2_us = timer(lambda: norm_rope_hadamard_cast_store(*args, **kw, variant="v2"))  # noqa: B023
             nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
             h.report(OP, f"{fmt.name}_rows{rows}", nbytes, us, eager_us=eager_us, compile_us=compile_us,
-                     peers={"v1": v1_us})
+                     peers={"v2": v2_us})
             del kv, cache
             torch.cuda.empty_cache()
     if os.environ.get("KV_STORE_SWEEP", "0") == "1":
@@ -61,26 +62,27 @@ def run(h: Harness) -> None:
 
 
 def sweep() -> None:
-    """Rows per thread 1 / 2 / 4 for every format at 1M and 64K rows (KV_STORE_SWEEP=1)."""
+    """v3: (chunks per lane, rows per thread) = (2, 1), (4, 1), (2, 2), every format at 1M rows."""
     from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
 
     for fmt, hadamard in FORMATS:
-        for rows in (1 << 20, 65536):
+        for rows in (1 << 20,):
             kv, w, cos, sin, pos, slots, cache = _inputs(fmt, rows)
             args = (kv, w, 1e-6, cos, sin, pos, slots, cache, fmt)
             del kv, cache
             nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
-            for rpt in (1, 2, 4):
+            for chunks, rpt in ((2, 1), (4, 1), (2, 2)):
                 os.environ["KV_STORE_ROWS_PER_THREAD"] = str(rpt)
+                os.environ["KV_STORE_CHUNKS"] = str(chunks)
                 try:
                     us = _time_kernel(norm_rope_hadamard_cast_store, args, hadamard)
                 finally:
-                    del os.environ["KV_STORE_ROWS_PER_THREAD"]
-                print(f"SWEEP {OP} {fmt.name}_rows{rows} rows_per_thread={rpt} us={us:.1f} "
-                      f"GBps={nbytes / us / 1e3:.0f}")
+                    del os.environ["KV_STORE_ROWS_PER_THREAD"], os.environ["KV_STORE_CHUNKS"]
+                print(f"SWEEP {OP} {fmt.name}_rows{rows} chunks={chunks} rows_per_thread={rpt} us={us:.1f} "
+                      f"GBps={nbytes / us / 1e3:.0f}", flush=True)
             args = None  # free the cache before the next case's allocation
             torch.cuda.empty_cache()
 
 
 def _time_kernel(fn, args, hadamard) -> float:
-    return time_us(lambda: fn(*args, hadamard=hadamard))
+    return time_us(lambda: fn(*args, hadamard=hadamard, variant="v3"))

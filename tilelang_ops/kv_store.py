@@ -1,6 +1,7 @@
 """TileLang kernel: fused RMSNorm -> RoPE -> [Hadamard] -> cast -> paged-cache store (SPEC 1.5, 2).
 
-Work split: a row of ``dim`` elements is spread over ``dim / 16`` consecutive lanes of one warp (32
+Work split (v1 / v2; v3 below holds two or four such chunks per lane): a row of ``dim`` elements is
+spread over ``dim / 16`` consecutive lanes of one warp (32
 lanes for the 512-wide main rows, 8 for the 128-wide index rows), each lane holding 16 consecutive
 elements in registers; a CTA of 128 threads handles 4 main or 16 index rows at a time, R times
 (``rows_per_thread``: all R rows' loads are issued first; large launches only). Reductions (sum of
@@ -21,16 +22,24 @@ SPEC's clamp, keeps the sign of zero); e2m1 codes (sm_90 has no e2m1 conversion 
 one RNE add of a magic constant (see the cast stage; proved equal to the threshold reference on every
 FP32 value of interest in tests/test_kv_store.py).
 
-Variants (``VARIANT``, or ``variant=`` per call; same bytes): "v2" (default) is v1 with fewer SASS
-instructions (``make_row_store(fast=True)``): the sum of squares as FFMAs (x is BF16-valued, so x*x
-is exact in FP32 and ``ss + x*x`` rounds once either way; only products below 2^-126, |x| < 2^-63,
-are inexact as FMULs, which can matter only when eps ~ 0 and a whole 16-element chunk is that tiny),
-e4m3 codes stored straight from the cvt words, e2m1 codes from an exponent-bits magic constant (no
-compares / selects) packed 8 per 32-bit word, BF16 rows stored from the already rounded words.
-Main-body SASS instructions per thread (sm_90a; R = 2 for fp8/bf16, 1 for fp4/index as used at 1M
-rows): fp8 982 -> 860 (2 rows), fp4 654 -> 598, fp4 index 849 -> 793, bf16 808 -> 635 (2 rows).
+Variants (``VARIANT``, or ``variant=`` per call; same bytes): "v3" (default) is v2 with
+``chunks`` (C, 2 by default, ``CHUNKS``) 16-element chunks per lane, chunk c of a lane being row chunk
+``lane + c * lanes``: 16 lanes per main row, 4 per index row. The RMS halving steps at a distance of
+at least ``lanes`` chunks and the widest Hadamard butterflies then run inside the lane, in the same
+order as before (so the bytes stay bitwise), and everything paid per lane-row (sqrt and division,
+shuffles, scale arithmetic, index math, the idle lanes of the RoPE branch, which now serves two rows
+per warp) is paid once per C chunks. Its store guard takes the slot count as an argument (no 64-bit
+division per thread). Main-body SASS per 32 elements (sm_90a, from cuobjdump): fp8 1000 (v2, R = 2)
+-> 704 (C = 2) -> 524 (C = 4), fp4 ~1500 -> 1032 -> 856, fp4 index ~1900 -> 1360 -> 1192; registers
+78 -> 90 -> 157 (C = 4 trades occupancy for fewer instructions: the benchmark's sweep picks C).
+"v2" is v1 with fewer SASS instructions (``make_row_store(fast=True)``): the sum of squares as FFMAs
+(x is BF16-valued, so x*x is exact in FP32 and ``ss + x*x`` rounds once either way; only products
+below 2^-126, |x| < 2^-63, are inexact as FMULs, which can matter only when eps ~ 0 and a whole
+16-element chunk is that tiny), e4m3 codes stored straight from the cvt words, e2m1 codes from an
+exponent-bits magic constant (no compares / selects) packed 8 per 32-bit word, BF16 rows stored from
+the already rounded words.
 "v1" is the first kernel; compress_store calls the macro in its v1 form (unchanged generated code).
-``tools/check_kv_store_emu.py`` runs both on CPU (emulated CUDA) against the twin, bitwise.
+``tools/check_kv_store_emu.py`` runs all three on CPU (emulated CUDA) against the twin, bitwise.
 
 Reuse: ``make_row_store`` returns the per-row pipeline as a ``@T.macro`` that takes one row already in
 registers (16 FP32 values per lane in the layout above) and does norm -> rope -> [hadamard] -> cast ->
@@ -80,64 +89,81 @@ def kernel_supports(fmt: KVCacheFormat, rope_dim: int, interleaved: bool) -> str
 
 def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamard: bool,
                    has_out_norm: bool, rows_per_block: int, weight_dtype: str,
-                   weight_in_registers: bool = False, fast: bool = False):
+                   weight_in_registers: bool = False, fast: bool = False, chunks: int = 1,
+                   e2m1_fma: bool = False):
     """The per-row pipeline as a ``@T.macro`` (see the module docstring for the lane layout).
 
-    Macro arguments: ``x`` local FP32 [16] (this lane's elements ``lane*16 .. lane*16+15`` of the
-    BF16 input row), ``lane`` in [0, dim/16), the tensors ``weight`` [dim], ``cos``/``sin``
+    Macro arguments: ``x`` local FP32 [chunks * 16]: this lane's chunks of the BF16 input row, chunk
+    ``c`` (elements ``q*16 .. q*16+15`` with ``q = lane + c * lanes``, ``lanes = dim / 16 / chunks``) at
+    ``x[c*16 : c*16+16]``; ``lane`` in [0, lanes), the tensors ``weight`` [dim], ``cos``/``sin``
     [max_pos, rope_dim/2] fp32, ``cache`` flat uint8 [cache_bytes], ``out_norm`` [*, dim] bf16,
     scalars ``position``, ``slot`` (int64), ``row_ok`` (the row exists), ``out_row``, ``max_pos``,
     ``capacity`` (slots in the cache), ``eps`` (fp32). Every lane of the row must call it (it
     shuffles); rows with a bad slot or position are not stored (out_norm is still written).
-    With ``weight_in_registers`` the ``weight`` argument is instead a local FP32 [16] buffer already
-    holding ``float(w)`` of this lane's 16 channels (a kernel that stores several rows per thread
+    With ``weight_in_registers`` the ``weight`` argument is instead a local FP32 [chunks * 16] buffer
+    already holding ``float(w)`` of this lane's channels (a kernel that stores several rows per thread
     loads and converts it once).
-    ``fast`` (kv_store's v2; compress_store keeps the default, v1's exact code): the sum of squares
+    ``fast`` (kv_store's v2 / v3; compress_store keeps the default, v1's exact code): the sum of squares
     lets nvcc contract ``ss + x*x`` into one FFMA (bitwise the same: x is BF16-valued, so x*x has at
     most 16 significant bits and is exact in FP32), and a BF16 row stores the BF16 words that the last
     stage already rounded (no widen / re-round / byte split).
+    ``chunks`` > 1 (kv_store's v3): a lane holds ``chunks`` chunks ``lanes`` apart, so the pairwise
+    halving of the RMS partial sums (and the Hadamard's widest butterflies) with a distance of at least
+    ``lanes`` chunks happen inside the lane, in the contract's order, and the per-lane costs (norm
+    scalars, index math, the RoPE lanes' idle time) are paid once per ``chunks`` chunks.
+    ``e2m1_fma`` (v3): e2m1 codes from one FFMA on z2 = 2z and funnel-shift packing (7 SASS per
+    element instead of 10; see the cast stage).
     """
+    C = chunks
     dim = fmt.dim
-    lanes = dim // VEC  # lanes per row
+    lanes = dim // VEC // C  # lanes per row
     log_lanes = lanes.bit_length() - 1
     rope0 = dim - rope_dim  # first rotated channel
     half = rope_dim // 2
     kind = fmt.data_dtype
+    e2m1_fma = e2m1_fma and kind == "e2m1"
     group = fmt.group_size
-    lanes_per_group = max(1, group // VEC)
-    out_bytes = {"e4m3": VEC, "e2m1": VEC // 2, "bf16": 2 * VEC}[kind]  # bytes per lane
+    lanes_per_group = max(1, group // VEC)  # chunks per scale group (a group pair is lanes q, q ^ 1)
+    out_bytes = {"e4m3": VEC, "e2m1": VEC // 2, "bf16": 2 * VEC}[kind]  # bytes per chunk
     store_vec = min(16, out_bytes)  # bytes per vector store
     if fmt.block_sections and (rows_per_block * fmt.row_bytes) % store_vec:
         store_vec = 4  # e.g. FP4 index blocks of an odd row count are only 4-byte aligned (68 B rows)
     wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte loads
+    # chunks c that hold rotated channels in some lane (the others never branch into RoPE)
+    rope_c0 = min(c for c in range(C) if (c + 1) * lanes * VEC > rope0)
+    assert C in (1, 2, 4) and (C == 1 or (fast and lanes >= 2 and (interleaved or half // VEC < lanes))), \
+        (C, lanes, fast)
 
     @T.macro
-    def round_to_bf16(z, y, yb):
-        """y[j] = float(bf16_rne(z[j])) for the lane's 16 values, leaving the BF16 values in yb. One
+    def round_to_bf16(z, y, yb, c0, nc):
+        """y[j] = float(bf16_rne(z[j])) for chunks c0 .. c0+nc-1, leaving the BF16 values in yb. One
         cvt.rn.bf16x2.f32 per pair; each half widens back from the packed 32-bit word with one shift or
         one mask (instead of a 16-bit extract, a mask and a shift per element)."""
-        for j in T.vectorized(VEC):
-            yb[j] = T.Cast("bfloat16", z[j])
-        pk = T.view(yb, [VEC // 2], "uint32")
-        for j in T.unroll(VEC // 2):
-            y[2 * j] = T.reinterpret(pk[j] << T.uint32(16), "float32")
-            y[2 * j + 1] = T.reinterpret(pk[j] & T.uint32(0xFFFF0000), "float32")
+        for c in T.unroll(nc):
+            for j in T.vectorized(VEC):
+                yb[(c0 + c) * VEC + j] = T.Cast("bfloat16", z[(c0 + c) * VEC + j])
+        pk = T.view(yb, [C * VEC // 2], "uint32")
+        for j in T.unroll(nc * VEC // 2):
+            y[c0 * VEC + 2 * j] = T.reinterpret(pk[c0 * VEC // 2 + j] << T.uint32(16), "float32")
+            y[c0 * VEC + 2 * j + 1] = T.reinterpret(pk[c0 * VEC // 2 + j] & T.uint32(0xFFFF0000), "float32")
 
     @T.macro
     def row_store(x, lane, weight, cos, sin, cache, out_norm, position, slot, row_ok, out_row, max_pos,
                   capacity, eps):
         wl = T.alloc_local([VEC], weight_dtype)
-        y = T.alloc_local([VEC], "float32")
-        z = T.alloc_local([VEC], "float32")
-        oth = T.alloc_local([VEC], "float32")
-        cs = T.alloc_local([VEC], "float32")
-        sn = T.alloc_local([VEC], "float32")
-        yb = T.alloc_local([VEC], "bfloat16")
+        y = T.alloc_local([C * VEC], "float32")
+        z = T.alloc_local([C * VEC], "float32")
+        oth = T.alloc_local([C * VEC], "float32")
+        cs = T.alloc_local([C * VEC], "float32")
+        sn = T.alloc_local([C * VEC], "float32")
+        yb = T.alloc_local([C * VEC], "bfloat16")
         codes = T.alloc_local([VEC], "uint8")
         c32 = T.alloc_local([VEC], "uint32")
-        words = T.alloc_local([VEC // 8], "uint32")
-        f8 = T.alloc_local([VEC], "float8_e4m3fn")
+        words = T.alloc_local([C * VEC // 8], "uint32")
+        f8 = T.alloc_local([C * VEC], "float8_e4m3fn")
         packed = T.alloc_local([out_bytes], "uint8")
+        ps = T.alloc_local([C], "float32")
+        sbv = T.alloc_local([C], "uint8")
         ss = T.alloc_var("float32")
         rstd = T.alloc_var("float32")
         amax = T.alloc_var("float32")
@@ -146,166 +172,239 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         sbyte = T.alloc_var("uint8")
         bits = T.alloc_var("uint32")
 
-        # ---- cos / sin of the rotated lanes, loaded first so their latency overlaps the norm. The
+        # ---- cos / sin of the rotated chunks, loaded first so their latency overlaps the norm. The
         # position is clamped for the loads only (a bad position's row is not stored).
         pos = T.min(T.max(T.Cast("int32", position), 0), max_pos - 1)
-        if lane >= rope0 // VEC:
-            if interleaved:  # this lane's 8 pairs start at pair (lane * 16 - rope0) / 2
-                for j in T.vectorized(VEC // 2):
-                    cs[j] = cos[pos, (lane * VEC - rope0) // 2 + j]
-                for j in T.vectorized(VEC // 2):
-                    sn[j] = sin[pos, (lane * VEC - rope0) // 2 + j]
-            else:  # a lane of either half uses pairs (lane * 16 - rope0) % half .. + 15
-                for j in T.vectorized(VEC):
-                    cs[j] = cos[pos, (lane % (half // VEC)) * VEC + j]
-                for j in T.vectorized(VEC):
-                    sn[j] = sin[pos, (lane % (half // VEC)) * VEC + j]
+        for c in T.unroll(C):
+            if lane + c * lanes >= rope0 // VEC:
+                if interleaved:  # this chunk's 8 pairs start at pair (q * 16 - rope0) / 2
+                    for j in T.vectorized(VEC // 2):
+                        cs[c * VEC + j] = cos[pos, ((lane + c * lanes) * VEC - rope0) // 2 + j]
+                    for j in T.vectorized(VEC // 2):
+                        sn[c * VEC + j] = sin[pos, ((lane + c * lanes) * VEC - rope0) // 2 + j]
+                else:  # a chunk of either half uses pairs (q * 16 - rope0) % half .. + 15
+                    for j in T.vectorized(VEC):
+                        cs[c * VEC + j] = cos[pos, ((lane + c * lanes) % (half // VEC)) * VEC + j]
+                    for j in T.vectorized(VEC):
+                        sn[c * VEC + j] = sin[pos, ((lane + c * lanes) % (half // VEC)) * VEC + j]
 
-        # ---- RMSNorm: FP32 sum of squares over the row's lanes, y = bf16(x * rstd * w)
-        ss = T.float32(0)
-        for i in T.unroll(VEC):
-            if fast:
-                ss = ss + x[i] * x[i]  # exact product (BF16 x): an FFMA rounds like FMUL + FADD
-            else:
-                ss = ss + T.ieee_mul(x[i], x[i])  # squares rounded like torch's x * x (no FMA)
+        # ---- RMSNorm: FP32 sum of squares in the contract's order, y = bf16(x * rstd * w)
+        for c in T.unroll(C):
+            ps[c] = T.float32(0)
+            for i in T.unroll(VEC):
+                if fast:
+                    # exact product (BF16 x): an FFMA rounds like FMUL + FADD
+                    ps[c] = ps[c] + x[c * VEC + i] * x[c * VEC + i]
+                else:
+                    ps[c] = ps[c] + T.ieee_mul(x[c * VEC + i], x[c * VEC + i])  # no FMA (torch's x * x)
+        # pairwise halving at chunk distances >= lanes happens inside the lane (chunk c + C/2 is q + n/2)
+        if C == 4:
+            ps[0] = ps[0] + ps[2]
+            ps[1] = ps[1] + ps[3]
+        if C >= 2:
+            ps[0] = ps[0] + ps[1]
+        ss = ps[0]
         for k in T.unroll(log_lanes):
             ss = ss + T.shfl_xor(ss, lanes >> (k + 1))  # a + b == b + a: every lane gets the same sum
         rstd = T.ieee_fdiv(_f32(1.0), T.ieee_fsqrt(T.ieee_add(T.ieee_mul(ss, _f32(1.0 / dim)), eps)))
         if weight_in_registers:
-            for i in T.unroll(VEC):
+            for i in T.unroll(C * VEC):
                 z[i] = T.ieee_mul(T.ieee_mul(x[i], rstd), weight[i])
         else:
-            for v in T.unroll(VEC // wvec):
-                for i in T.vectorized(wvec):
-                    wl[v * wvec + i] = weight[lane * VEC + v * wvec + i]
-            for i in T.unroll(VEC):
-                z[i] = T.ieee_mul(T.ieee_mul(x[i], rstd), T.Cast("float32", wl[i]))
-        round_to_bf16(z, y, yb)
+            for c in T.unroll(C):
+                for v in T.unroll(VEC // wvec):
+                    for i in T.vectorized(wvec):
+                        wl[v * wvec + i] = weight[(lane + c * lanes) * VEC + v * wvec + i]
+                for i in T.unroll(VEC):
+                    z[c * VEC + i] = T.ieee_mul(T.ieee_mul(x[c * VEC + i], rstd), T.Cast("float32", wl[i]))
+        round_to_bf16(z, y, yb, 0, C)
         if has_out_norm:
             if row_ok:
-                for v in T.unroll(2):
-                    for i in T.vectorized(8):
-                        out_norm[out_row, lane * VEC + v * 8 + i] = yb[v * 8 + i]
+                for c in T.unroll(C):
+                    for v in T.unroll(2):
+                        for i in T.vectorized(8):
+                            out_norm[out_row, (lane + c * lanes) * VEC + v * 8 + i] = yb[c * VEC + v * 8 + i]
 
         # ---- RoPE on channels [rope0, dim)
-        if not interleaved:
-            for k in T.unroll(VEC):  # every lane shuffles (no divergence before a shuffle)
-                oth[k] = T.shfl_xor(y[k], half // VEC)
-        if lane >= rope0 // VEC:
-            if interleaved:
-                for j in T.unroll(VEC // 2):
-                    z[2 * j] = T.ieee_sub(T.ieee_mul(y[2 * j], cs[j]), T.ieee_mul(y[2 * j + 1], sn[j]))
-                    z[2 * j + 1] = T.ieee_add(T.ieee_mul(y[2 * j], sn[j]), T.ieee_mul(y[2 * j + 1], cs[j]))
-            else:
-                if (lane * VEC - rope0) < half:  # this lane holds a, the partner lane b
-                    for j in T.unroll(VEC):
-                        z[j] = T.ieee_sub(T.ieee_mul(y[j], cs[j]), T.ieee_mul(oth[j], sn[j]))
-                else:  # this lane holds b, the partner lane a
-                    for j in T.unroll(VEC):
-                        z[j] = T.ieee_add(T.ieee_mul(oth[j], sn[j]), T.ieee_mul(y[j], cs[j]))
-            round_to_bf16(z, y, yb)
+        for ci in T.unroll(C - rope_c0):
+            c = rope_c0 + ci
+            if not interleaved:
+                for k in T.unroll(VEC):  # every lane shuffles (no divergence before a shuffle)
+                    oth[c * VEC + k] = T.shfl_xor(y[c * VEC + k], half // VEC)
+            if lane + c * lanes >= rope0 // VEC:
+                if interleaved:
+                    for j in T.unroll(VEC // 2):
+                        z[c * VEC + 2 * j] = T.ieee_sub(T.ieee_mul(y[c * VEC + 2 * j], cs[c * VEC + j]),
+                                                        T.ieee_mul(y[c * VEC + 2 * j + 1], sn[c * VEC + j]))
+                        z[c * VEC + 2 * j + 1] = T.ieee_add(
+                            T.ieee_mul(y[c * VEC + 2 * j], sn[c * VEC + j]),
+                            T.ieee_mul(y[c * VEC + 2 * j + 1], cs[c * VEC + j]))
+                else:
+                    if ((lane + c * lanes) * VEC - rope0) < half:  # this chunk holds a, the partner b
+                        for j in T.unroll(VEC):
+                            z[c * VEC + j] = T.ieee_sub(T.ieee_mul(y[c * VEC + j], cs[c * VEC + j]),
+                                                        T.ieee_mul(oth[c * VEC + j], sn[c * VEC + j]))
+                    else:  # this chunk holds b, the partner a
+                        for j in T.unroll(VEC):
+                            z[c * VEC + j] = T.ieee_add(T.ieee_mul(oth[c * VEC + j], sn[c * VEC + j]),
+                                                        T.ieee_mul(y[c * VEC + j], cs[c * VEC + j]))
+                round_to_bf16(z, y, yb, c, 1)
 
-        # ---- Hadamard (H_n x) * n**-0.5: butterflies h = 1..8 in registers, h >= 16 across lanes
+        # ---- Hadamard (H_n x) * n**-0.5: butterflies h = 1..8 inside a chunk, then across lanes, then
+        # (chunks > 1) across this lane's chunks: ascending h, the reference's order
         if hadamard:
-            for s in T.unroll(4):
-                for q in T.unroll(VEC // 2):
-                    z[(q >> s) * (2 << s) + (q & ((1 << s) - 1))] = (
-                        y[(q >> s) * (2 << s) + (q & ((1 << s) - 1))]
-                        + y[(q >> s) * (2 << s) + (q & ((1 << s) - 1)) + (1 << s)])
-                    z[(q >> s) * (2 << s) + (q & ((1 << s) - 1)) + (1 << s)] = (
-                        y[(q >> s) * (2 << s) + (q & ((1 << s) - 1))]
-                        - y[(q >> s) * (2 << s) + (q & ((1 << s) - 1)) + (1 << s)])
-                for j in T.unroll(VEC):
-                    y[j] = z[j]
+            for c in T.unroll(C):
+                for s in T.unroll(4):
+                    for q in T.unroll(VEC // 2):
+                        z[c * VEC + (q >> s) * (2 << s) + (q & ((1 << s) - 1))] = (
+                            y[c * VEC + (q >> s) * (2 << s) + (q & ((1 << s) - 1))]
+                            + y[c * VEC + (q >> s) * (2 << s) + (q & ((1 << s) - 1)) + (1 << s)])
+                        z[c * VEC + (q >> s) * (2 << s) + (q & ((1 << s) - 1)) + (1 << s)] = (
+                            y[c * VEC + (q >> s) * (2 << s) + (q & ((1 << s) - 1))]
+                            - y[c * VEC + (q >> s) * (2 << s) + (q & ((1 << s) - 1)) + (1 << s)])
+                    for j in T.unroll(VEC):
+                        y[c * VEC + j] = z[c * VEC + j]
             for s in T.unroll(log_lanes):
-                for j in T.unroll(VEC):
+                for j in T.unroll(C * VEC):
                     oth[j] = T.shfl_xor(y[j], 1 << s)
                 # lo lane: y + oth; hi lane: oth - y. Written as oth + y * (+-1): y * (+-1) is exact,
                 # so even a contracted FMA gives the reference's rounded sum (FP32 add commutes)
                 sgn = T.if_then_else((lane & (1 << s)) == 0, _f32(1.0), _f32(-1.0))
-                for j in T.unroll(VEC):
+                for j in T.unroll(C * VEC):
                     y[j] = oth[j] + y[j] * sgn
-            for j in T.unroll(VEC):
+            for s in T.unroll(C.bit_length() - 1):  # chunk c pairs with c + 2^s (distance 2^s * lanes)
+                for q in T.unroll(C // 2):
+                    for j in T.unroll(VEC):
+                        z[((q >> s) * (2 << s) + (q & ((1 << s) - 1))) * VEC + j] = (
+                            y[((q >> s) * (2 << s) + (q & ((1 << s) - 1))) * VEC + j]
+                            + y[((q >> s) * (2 << s) + (q & ((1 << s) - 1)) + (1 << s)) * VEC + j])
+                        z[((q >> s) * (2 << s) + (q & ((1 << s) - 1)) + (1 << s)) * VEC + j] = (
+                            y[((q >> s) * (2 << s) + (q & ((1 << s) - 1))) * VEC + j]
+                            - y[((q >> s) * (2 << s) + (q & ((1 << s) - 1)) + (1 << s)) * VEC + j])
+                for j in T.unroll(C * VEC):
+                    y[j] = z[j]
+            for j in T.unroll(C * VEC):
                 z[j] = T.ieee_mul(y[j], _f32(dim ** -0.5))
-            round_to_bf16(z, y, yb)
+            round_to_bf16(z, y, yb, 0, C)
 
-        # ---- cast: one scale per group (a group spans 2 lanes or is a 16-element lane)
-        if kind == "bf16" and fast:
-            pass  # yb already holds the last stage's BF16 row (stored from yb below)
-        elif kind == "bf16":
-            for j in T.unroll(VEC):
-                yb[j] = T.Cast("bfloat16", y[j])
-            for j in T.unroll(VEC):
-                packed[2 * j] = T.Cast("uint8", T.reinterpret(yb[j], "uint16") & T.uint16(0xFF))
-                packed[2 * j + 1] = T.Cast("uint8", T.reinterpret(yb[j], "uint16") >> T.uint16(8))
-        else:
-            amax = T.float32(0)
-            for j in T.unroll(VEC):
-                amax = T.max(amax, T.abs(y[j]))
-            if lanes_per_group == 2:
-                amax = T.max(amax, T.shfl_xor(amax, 1))  # the group's other half is the next lane
-            amax = T.max(amax, _f32(fmt.amax_floor))
-            if fmt.scale_dtype == "ue8m0":
-                # round amax / qmax up to a power of two by its bits; the byte is the biased exponent
-                bits = (T.reinterpret(T.ieee_fdiv(amax, _f32(fmt.qmax)), "uint32") + T.uint32(0x7FFFFF)
-                        ) & T.uint32(0x7F800000)
-                sf = T.reinterpret(bits, "float32")
-                sbyte = T.Cast("uint8", bits >> T.uint32(23))
-                # 1 / 2^(e - 127) = 2^(127 - e): biased exponent 254 - e, exact (no division). The
-                # amax floor keeps e >= 1 and a BF16 amax keeps e <= 253, so the result is normal.
-                inv = T.reinterpret(T.uint32(0x7F000000) - bits, "float32")
-            else:
-                sf = T.Cast("float32",
-                            T.Cast("float8_e4m3fn", T.min(T.ieee_fdiv(amax, _f32(6.0)), _f32(448.0))))
-                sbyte = T.reinterpret(T.Cast("float8_e4m3fn", sf), "uint8")
-                inv = T.ieee_fdiv(_f32(1.0), sf)
-            if kind == "e4m3":
-                # cvt.rn.satfinite saturates to +-448 (= the clamp of SPEC 2 for every non-NaN value)
-                # and keeps the sign of a zero result
+        # ---- cast: one scale per group (a group spans 2 chunks q, q ^ 1 of lanes lane, lane ^ 1, or
+        # is one 16-element chunk)
+        for c in T.unroll(C):
+            if kind == "bf16" and fast:
+                pass  # yb already holds the last stage's BF16 row (stored from yb below)
+            elif kind == "bf16":
                 for j in T.unroll(VEC):
-                    z[j] = T.ieee_mul(y[j], inv)
-                for j in T.vectorized(VEC):  # pairs: cvt.rn.satfinite.e4m3x2.f32
-                    f8[j] = T.Cast("float8_e4m3fn", z[j])
-                if not fast:  # (fast: stored straight from f8's words, no byte split / reassembly)
-                    for j in T.unroll(VEC):
-                        packed[j] = T.reinterpret(f8[j], "uint8")
-            else:
-                # e2m1 RNE without thresholds: a = min(|x|, 6); t = a + M rounds a to the grid of
-                # ulp(M) (RNE, one IEEE add): M = 2^22 (grid 0.5) below 2, 2^23 (grid 1) below 4,
-                # 2^24 (grid 2) above; then code = bits(t) - K with K = bits(M) - {0, 2, 4} (codes
-                # 0..4 = 0..2 in steps of .5, 5..6 = 3..4, 7 = 6). The sign bit is the input's.
+                    yb[j] = T.Cast("bfloat16", y[j])
                 for j in T.unroll(VEC):
-                    z[j] = T.ieee_mul(y[j], inv)
-                if fast:
-                    # the same M from a's exponent bits (no compares / selects): M = max(bits(a) &
-                    # 0x7F800000, bits(1.0)) + (22 << 23) is 2^22 / 2^23 / 2^24 for a < 2 / < 4 / >= 4,
-                    # and {0, 2, 4} = (bits(M) >> 22) - 298 (tests: exhaustive vs the reference codes)
-                    for j in T.unroll(VEC):
-                        mag = T.min(T.abs(z[j]), _f32(6.0))
-                        mbits = T.max(T.reinterpret(mag, "uint32") & T.uint32(0x7F800000),
-                                      T.uint32(0x3F800000)) + T.uint32(22 << 23)
-                        c32[j] = ((T.reinterpret(T.ieee_add(mag, T.reinterpret(mbits, "float32")), "uint32")
-                                   - mbits + ((mbits >> T.uint32(22)) - T.uint32(298)))
-                                  | ((T.reinterpret(z[j], "uint32") >> T.uint32(28)) & T.uint32(8)))
+                    packed[2 * j] = T.Cast("uint8", T.reinterpret(yb[j], "uint16") & T.uint16(0xFF))
+                    packed[2 * j + 1] = T.Cast("uint8", T.reinterpret(yb[j], "uint16") >> T.uint16(8))
+            else:
+                amax = T.float32(0)
+                for j in T.unroll(VEC):
+                    amax = T.max(amax, T.abs(y[c * VEC + j]))
+                if lanes_per_group == 2:
+                    amax = T.max(amax, T.shfl_xor(amax, 1))  # the group's other half is the next lane
+                amax = T.max(amax, _f32(fmt.amax_floor))
+                if fmt.scale_dtype == "ue8m0":
+                    # round amax / qmax up to a power of two by its bits; the byte is the biased exponent
+                    bits = (T.reinterpret(T.ieee_fdiv(amax, _f32(fmt.qmax)), "uint32") + T.uint32(0x7FFFFF)
+                            ) & T.uint32(0x7F800000)
+                    sf = T.reinterpret(bits, "float32")
+                    sbyte = T.Cast("uint8", bits >> T.uint32(23))
+                    # 1 / 2^(e - 127) = 2^(127 - e): biased exponent 254 - e, exact (no division). The
+                    # amax floor keeps e >= 1 and a BF16 amax keeps e <= 253, so the result is normal.
+                    inv = T.reinterpret(T.uint32(0x7F000000 if not e2m1_fma else 0x7F800000) - bits,
+                                        "float32")
                 else:
+                    sf = T.Cast("float32",
+                                T.Cast("float8_e4m3fn", T.min(T.ieee_fdiv(amax, _f32(6.0)), _f32(448.0))))
+                    sbyte = T.reinterpret(T.Cast("float8_e4m3fn", sf), "uint8")
+                    inv = T.ieee_fdiv(_f32(1.0 if not e2m1_fma else 2.0), sf)  # e2m1_fma: 2 / sf
+                if C > 1:
+                    sbv[c] = sbyte
+                if kind == "e4m3":
+                    # cvt.rn.satfinite saturates to +-448 (= the clamp of SPEC 2 for every non-NaN value)
+                    # and keeps the sign of a zero result
                     for j in T.unroll(VEC):
-                        mag = T.min(T.abs(z[j]), _f32(6.0))
-                        codes[j] = T.Cast("uint8", (
-                            T.reinterpret(T.ieee_add(mag, T.if_then_else(
-                                mag < _f32(2.0), _f32(2.0 ** 22),
-                                T.if_then_else(mag < _f32(4.0), _f32(2.0 ** 23), _f32(2.0 ** 24)))), "uint32")
-                            - T.if_then_else(mag < _f32(2.0), T.uint32(0x4A800000),
-                                             T.if_then_else(mag < _f32(4.0), T.uint32(0x4B000000 - 2),
-                                                            T.uint32(0x4B800000 - 4))))
-                            | ((T.reinterpret(z[j], "uint32") >> T.uint32(28)) & T.uint32(8)))
-                if fast:  # 8 codes per 32-bit word (disjoint nibbles: multiply-add == shift-or)
-                    for w in T.unroll(VEC // 8):
-                        words[w] = c32[8 * w]
-                        for k in T.unroll(7):
-                            words[w] = words[w] + c32[8 * w + k + 1] * T.uint32(1 << (4 * (k + 1)))
+                        z[c * VEC + j] = T.ieee_mul(y[c * VEC + j], inv)
+                    for j in T.vectorized(VEC):  # pairs: cvt.rn.satfinite.e4m3x2.f32
+                        f8[c * VEC + j] = T.Cast("float8_e4m3fn", z[c * VEC + j])
+                    if not fast:  # (fast: stored straight from f8's words, no byte split / reassembly)
+                        for j in T.unroll(VEC):
+                            packed[j] = T.reinterpret(f8[j], "uint8")
                 else:
-                    for j in T.unroll(VEC // 2):
-                        packed[j] = codes[2 * j] | (codes[2 * j + 1] << T.uint8(4))
+                    # e2m1 RNE without thresholds: a = min(|x|, 6); t = a + M rounds a to the grid of
+                    # ulp(M) (RNE, one IEEE add): M = 2^22 (grid 0.5) below 2, 2^23 (grid 1) below 4,
+                    # 2^24 (grid 2) above; then code = bits(t) - K with K = bits(M) - {0, 2, 4} (codes
+                    # 0..4 = 0..2 in steps of .5, 5..6 = 3..4, 7 = 6). The sign bit is the input's.
+                    if e2m1_fma:
+                        # inv = 2 / sf (exactly 2 * RN(1 / sf)), so z2 = RN(y * inv) = 2z (both codes are 0
+                        # with z's sign where 2z would differ, z subnormal). a = min(|z2|, 12); F =
+                        # max(bits(a) & 0x7F800000, bits(2.0) | 16); t = float(F + (F >> 22)) * 2^22 + a in
+                        # one FFMA (exact product, one RNE): float(F) * 2^22 has ulp 1 / 2 / 4, the e2m1
+                        # grid on 2|z| for |z| < 2 / < 4 / >= 4, and F >> 22 adds whole grid steps equal to
+                        # 0 / 2 / 4 mod 16, the codes of |z| = 0 / 2 / 4: bits(t) mod 16 is the code (ties
+                        # to even: bits(F * 2^22) is even; the "| 16" is 0 mod 16 and keeps F + (F >> 22)
+                        # one LEA.HI). Packing: word = (word >> 4) | (bits(t) << 28) as one funnel shift,
+                        # then the sign into bit 31; after 8 elements nibble k is element k (tests: the
+                        # torch port e2m1_words_kernel_expression_v3, exhaustive).
+                        for w in T.unroll(VEC // 8):
+                            for k in T.unroll(8):
+                                z2 = T.ieee_mul(y[c * VEC + 8 * w + k], inv)
+                                mag2 = T.min(T.abs(z2), _f32(12.0))
+                                fb = T.max(T.reinterpret(mag2, "uint32") & T.uint32(0x7F800000),
+                                           T.uint32(0x40000010))
+                                tb = T.reinterpret(T.ieee_fmaf(
+                                    T.reinterpret(fb + (fb >> T.uint32(22)), "float32"), _f32(2.0 ** 22),
+                                    mag2), "uint32")
+                                if k == 0:
+                                    words[c * (VEC // 8) + w] = tb << T.uint32(28)
+                                else:
+                                    words[c * (VEC // 8) + w] = T.call_extern(
+                                        "uint32", "__funnelshift_r", words[c * (VEC // 8) + w], tb, 4)
+                                words[c * (VEC // 8) + w] = (words[c * (VEC // 8) + w] | (
+                                    T.reinterpret(z2, "uint32") & T.uint32(0x80000000)))
+                    else:
+                        for j in T.unroll(VEC):
+                            z[c * VEC + j] = T.ieee_mul(y[c * VEC + j], inv)
+                    if e2m1_fma:
+                        pass
+                    elif fast:
+                        # the same M from a's exponent bits (no compares / selects): M = max(bits(a) &
+                        # 0x7F800000, bits(1.0)) + (22 << 23) is 2^22 / 2^23 / 2^24 for a < 2 / < 4 / >= 4,
+                        # and {0, 2, 4} = (bits(M) >> 22) - 298 (tests: exhaustive vs the reference codes)
+                        for j in T.unroll(VEC):
+                            mag = T.min(T.abs(z[c * VEC + j]), _f32(6.0))
+                            mbits = T.max(T.reinterpret(mag, "uint32") & T.uint32(0x7F800000),
+                                          T.uint32(0x3F800000)) + T.uint32(22 << 23)
+                            c32[j] = (
+                                (T.reinterpret(T.ieee_add(mag, T.reinterpret(mbits, "float32")), "uint32")
+                                 - mbits + ((mbits >> T.uint32(22)) - T.uint32(298)))
+                                | ((T.reinterpret(z[c * VEC + j], "uint32") >> T.uint32(28)) & T.uint32(8)))
+                    else:
+                        for j in T.unroll(VEC):
+                            mag = T.min(T.abs(z[j]), _f32(6.0))
+                            codes[j] = T.Cast("uint8", (
+                                T.reinterpret(T.ieee_add(mag, T.if_then_else(
+                                    mag < _f32(2.0), _f32(2.0 ** 22),
+                                    T.if_then_else(mag < _f32(4.0), _f32(2.0 ** 23), _f32(2.0 ** 24)))),
+                                    "uint32")
+                                - T.if_then_else(mag < _f32(2.0), T.uint32(0x4A800000),
+                                                 T.if_then_else(mag < _f32(4.0), T.uint32(0x4B000000 - 2),
+                                                                T.uint32(0x4B800000 - 4))))
+                                | ((T.reinterpret(z[j], "uint32") >> T.uint32(28)) & T.uint32(8)))
+                    if e2m1_fma:
+                        pass
+                    elif fast:  # 8 codes per 32-bit word (disjoint nibbles: multiply-add == shift-or)
+                        for w in T.unroll(VEC // 8):
+                            words[c * (VEC // 8) + w] = c32[8 * w]
+                            for k in T.unroll(7):
+                                words[c * (VEC // 8) + w] = (
+                                    words[c * (VEC // 8) + w]
+                                    + c32[8 * w + k + 1] * T.uint32(1 << (4 * (k + 1))))
+                    else:
+                        for j in T.unroll(VEC // 2):
+                            packed[j] = codes[2 * j] | (codes[2 * j + 1] << T.uint8(4))
 
         # ---- store at the slot (bad slots / positions are skipped, never written out of bounds)
         if row_ok and slot >= 0 and slot < capacity and position >= 0 and position < max_pos:
@@ -317,29 +416,31 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
             else:
                 data_base = slot * fmt.row_bytes
                 scale_base = slot * fmt.row_bytes + fmt.data_bytes
-            if fast:
-                if kind == "bf16":
-                    src8 = T.view(yb, [out_bytes], "uint8")
-                elif kind == "e4m3":
-                    src8 = T.view(f8, [out_bytes], "uint8")
+            for c in T.unroll(C):
+                if fast:
+                    if kind == "bf16":
+                        src8 = T.view(yb, [C * out_bytes], "uint8")
+                    elif kind == "e4m3":
+                        src8 = T.view(f8, [C * out_bytes], "uint8")
+                    else:
+                        src8 = T.view(words, [C * out_bytes], "uint8")
+                    for v in T.unroll(out_bytes // store_vec):
+                        for i in T.vectorized(store_vec):
+                            cache[data_base + (lane + c * lanes) * out_bytes + v * store_vec + i] = \
+                                src8[c * out_bytes + v * store_vec + i]
                 else:
-                    src8 = T.view(words, [out_bytes], "uint8")
-                for v in T.unroll(out_bytes // store_vec):
-                    for i in T.vectorized(store_vec):
-                        cache[data_base + lane * out_bytes + v * store_vec + i] = src8[v * store_vec + i]
-            else:
-                for v in T.unroll(out_bytes // store_vec):
-                    for i in T.vectorized(store_vec):
-                        cache[data_base + lane * out_bytes + v * store_vec + i] = packed[v * store_vec + i]
-            if kind != "bf16":
-                if lanes_per_group == 2:
-                    if lane % 2 == 0:
-                        cache[scale_base + lane // 2] = sbyte
-                else:
-                    cache[scale_base + lane] = sbyte
+                    for v in T.unroll(out_bytes // store_vec):
+                        for i in T.vectorized(store_vec):
+                            cache[data_base + lane * out_bytes + v * store_vec + i] = \
+                                packed[v * store_vec + i]
+                if kind != "bf16":
+                    if lanes_per_group == 2:
+                        if lane % 2 == 0:
+                            cache[scale_base + (lane + c * lanes) // 2] = sbv[c] if C > 1 else sbyte
+                    else:
+                        cache[scale_base + lane + c * lanes] = sbv[c] if C > 1 else sbyte
 
     return row_store
-
 
 @tilelang.jit
 def kv_store_kernel(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: bool, has_out_norm: bool,
@@ -359,20 +460,36 @@ def kv_store_kernel_v2(fmt_name: str, rope_dim: int, interleaved: bool, hadamard
                           weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=True)
 
 
+# v3's store guard is `slot < capacity` (a host-computed argument), which TileLang cannot relate to the
+# cache's extent: its safe-memory pass would then split every vector store into guarded byte stores.
+# Every access is guarded or clamped by hand (see make_row_store), so the pass is off for v3.
+@tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
+def kv_store_kernel_v3(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: bool, has_out_norm: bool,
+                       rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str,
+                       rows_per_thread: int = 1, chunks: int = 2):
+    """Variant v3: v2's arithmetic with ``chunks`` 16-element chunks per lane (``make_row_store``)."""
+    return _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
+                          weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=True, chunks=chunks,
+                          e2m1_fma=True)
+
+
 def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block, weight_dtype,
-                   pos_dtype, slot_dtype, rows_per_thread, fast):
+                   pos_dtype, slot_dtype, rows_per_thread, fast, chunks=1, e2m1_fma=False):
     """``rows_per_thread`` (R): each thread stores R rows, ``rows_per_cta`` apart, so a CTA covers
     R * rows_per_cta consecutive rows; all R rows' loads are issued before the first row's math
-    (R times the bytes in flight) and the lane's weights are loaded and converted once."""
+    (R times the bytes in flight) and the lane's weights are loaded and converted once. ``chunks`` (C):
+    a lane holds chunks ``lane + c * lanes`` (c < C) of its row (see ``make_row_store``)."""
     fmt = _FORMATS[fmt_name]
     dim = fmt.dim
-    lanes = dim // VEC
+    C = chunks
+    lanes = dim // VEC // C
     rows_per_cta = THREADS // lanes
     R = rows_per_thread
     half = rope_dim // 2
     wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte loads
     row_store = make_row_store(fmt, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
-                               weight_dtype, weight_in_registers=True, fast=fast)
+                               weight_dtype, weight_in_registers=True, fast=fast, chunks=C,
+                               e2m1_fma=e2m1_fma)
     rows, norm_rows, max_pos = T.dynamic("rows, norm_rows, max_pos")
     cache_bytes = T.dynamic("cache_bytes", "int64")
     block_bytes = rows_per_block * fmt.row_bytes
@@ -388,73 +505,104 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
         cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
         out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [rows, dim] bf16 (or [1, dim] dummy)
         eps: T.float32,
+        capacity: T.int64,  # slots in the cache (v3; v1 / v2 derive it from cache_bytes, as verified)
     ):
         with T.Kernel(T.ceildiv(rows, rows_per_cta * R), threads=THREADS) as bx:
             tx = T.get_thread_binding()
             lane = tx % lanes
-            xb = T.alloc_local([R * VEC], "bfloat16")
-            x = T.alloc_local([VEC], "float32")
-            wl = T.alloc_local([VEC], weight_dtype)
-            wf = T.alloc_local([VEC], "float32")
+            xb = T.alloc_local([R * C * VEC], "bfloat16")
+            x = T.alloc_local([C * VEC], "float32")
+            wl = T.alloc_local([C * VEC], weight_dtype)
+            wf = T.alloc_local([C * VEC], "float32")
             posv = T.alloc_local([R], "int64")
             slotv = T.alloc_local([R], "int64")
             # every load first: R rows (tail rows redo the last row: they must shuffle, store nothing)
             for k in T.unroll(R):
-                for v in T.unroll(2):
-                    for i in T.vectorized(8):
-                        xb[k * VEC + v * 8 + i] = kv[T.min((bx * R + k) * rows_per_cta + tx // lanes,
-                                                           rows - 1), lane * VEC + v * 8 + i]
+                for c in T.unroll(C):
+                    for v in T.unroll(2):
+                        for i in T.vectorized(8):
+                            xb[(k * C + c) * VEC + v * 8 + i] = kv[
+                                T.min((bx * R + k) * rows_per_cta + tx // lanes, rows - 1),
+                                (lane + c * lanes) * VEC + v * 8 + i]
             for k in T.unroll(R):
                 posv[k] = T.Cast("int64",
                                  positions[T.min((bx * R + k) * rows_per_cta + tx // lanes, rows - 1)])
                 slotv[k] = T.Cast("int64", slots[T.min((bx * R + k) * rows_per_cta + tx // lanes, rows - 1)])
-            for v in T.unroll(VEC // wvec):
-                for i in T.vectorized(wvec):
-                    wl[v * wvec + i] = weight[lane * VEC + v * wvec + i]
+            for c in T.unroll(C):
+                for v in T.unroll(VEC // wvec):
+                    for i in T.vectorized(wvec):
+                        wl[c * VEC + v * wvec + i] = weight[(lane + c * lanes) * VEC + v * wvec + i]
             if weight_dtype == "bfloat16":
-                ww = T.view(wl, [VEC // 2], "uint32")
-                for i in T.unroll(VEC // 2):
+                ww = T.view(wl, [C * VEC // 2], "uint32")
+                for i in T.unroll(C * VEC // 2):
                     wf[2 * i] = T.reinterpret(ww[i] << T.uint32(16), "float32")
                     wf[2 * i + 1] = T.reinterpret(ww[i] & T.uint32(0xFFFF0000), "float32")
             else:
-                for i in T.unroll(VEC):
+                for i in T.unroll(C * VEC):
                     wf[i] = T.Cast("float32", wl[i])
-            xw = T.view(xb, [R * VEC // 2], "uint32")  # BF16 pairs widen with one shift / one mask
+            xw = T.view(xb, [R * C * VEC // 2], "uint32")  # BF16 pairs widen with one shift / one mask
             for k in T.unroll(R):
-                for i in T.unroll(VEC // 2):
-                    x[2 * i] = T.reinterpret(xw[k * VEC // 2 + i] << T.uint32(16), "float32")
-                    x[2 * i + 1] = T.reinterpret(xw[k * VEC // 2 + i] & T.uint32(0xFFFF0000), "float32")
+                for i in T.unroll(C * VEC // 2):
+                    x[2 * i] = T.reinterpret(xw[k * C * VEC // 2 + i] << T.uint32(16), "float32")
+                    x[2 * i + 1] = T.reinterpret(xw[k * C * VEC // 2 + i] & T.uint32(0xFFFF0000), "float32")
                 row_store(x, lane, wf, cos, sin, cache, out_norm, posv[k], slotv[k],
                           (bx * R + k) * rows_per_cta + tx // lanes < rows,
                           T.min((bx * R + k) * rows_per_cta + tx // lanes, rows - 1), max_pos,
-                          (cache_bytes // block_bytes) * rows_per_block, eps)
+                          capacity if C > 1 else (cache_bytes // block_bytes) * rows_per_block, eps)
 
     return kernel
 
 
-VARIANTS = ("v1", "v2")
-VARIANT = "v2"
-KERNELS = {"v1": kv_store_kernel, "v2": kv_store_kernel_v2}
+VARIANTS = ("v1", "v2", "v3")
+VARIANT = "v3"
+KERNELS = {"v1": kv_store_kernel, "v2": kv_store_kernel_v2, "v3": kv_store_kernel_v3}
+# v3: 16-element chunks per lane (KV_STORE_CHUNKS overrides, for the benchmark's sweep)
+CHUNKS = {"fp8_main": 2, "fp4_main": 2, "fp4_index": 2, "bf16": 2}
 
 
-def rows_per_cta(variant: str, fmt: KVCacheFormat) -> int:
+def chunks_for(variant: str, fmt: KVCacheFormat, rope_dim: int = 64, interleaved: bool = True) -> int:
+    """Chunks per lane: 1 for v1 / v2; v3's choice where its layout supports the configuration (a
+    half-split RoPE partner must sit in another lane: rope_dim / 32 < lanes)."""
+    if variant != "v3":
+        return 1
+    c = int(os.environ.get("KV_STORE_CHUNKS", CHUNKS[fmt.name]))
+    while c > 1:
+        lanes = fmt.dim // VEC // c
+        if lanes >= 2 and (interleaved or rope_dim // 2 // VEC < lanes):
+            break
+        c //= 2
+    return c
+
+
+def rows_per_cta(variant: str, fmt: KVCacheFormat, rope_dim: int = 64, interleaved: bool = True) -> int:
     """Rows one CTA covers per rows-per-thread step."""
-    return THREADS // (fmt.dim // VEC)
+    return THREADS // (fmt.dim // VEC // chunks_for(variant, fmt, rope_dim, interleaved))
+
+
+def static_args(variant: str, fmt: KVCacheFormat, static: tuple, rope_dim: int = 64,
+                interleaved: bool = True) -> tuple:
+    """The kernel factory's static arguments: ``static`` (format .. rows per thread) plus v3's chunks."""
+    if variant == "v3":
+        return static + (chunks_for(variant, fmt, rope_dim, interleaved),)
+    return static
 
 
 # Rows per thread for large launches (R > 1 puts R rows' loads in flight per thread, at the price of
 # registers: fp8 / bf16 59 -> 85, fp4 60 -> 116, fp4 index 71 -> 114 per thread at R = 2). Small
 # launches (latency-bound: every row's chain is serial within a thread) always use 1. The benchmark's
 # KV_STORE_SWEEP=1 times R = 1, 2, 4 through KV_STORE_ROWS_PER_THREAD (read here, for that sweep).
+# v3 holds two chunks per lane already (twice v2's work per thread at R = 1).
 ROWS_PER_THREAD = {"fp8_main": 2, "fp4_main": 1, "fp4_index": 1, "bf16": 2}
+ROWS_PER_THREAD_V3 = {"fp8_main": 1, "fp4_main": 1, "fp4_index": 1, "bf16": 1}
 MULTI_ROW_MIN_ROWS = 32768
 
 
-def rows_per_thread(fmt: KVCacheFormat, rows: int) -> int:
+def rows_per_thread(fmt: KVCacheFormat, rows: int, variant: str = "v2") -> int:
     forced = os.environ.get("KV_STORE_ROWS_PER_THREAD")
     if forced:
         return int(forced)
-    return ROWS_PER_THREAD.get(fmt.name, 1) if rows >= MULTI_ROW_MIN_ROWS else 1
+    table = ROWS_PER_THREAD_V3 if variant == "v3" else ROWS_PER_THREAD
+    return table.get(fmt.name, 1) if rows >= MULTI_ROW_MIN_ROWS else 1
 
 
 _DUMMY_NORM: dict = {}
@@ -505,10 +653,13 @@ def norm_rope_hadamard_cast_store(kv, norm_weight, eps, cos, sin, positions, slo
     static = (fmt.name, rope_dim, interleaved, hadamard, out_norm is not None,
               geom.rows_per_block if fmt.block_sections else 1, _TORCH_TO_TL[norm_weight.dtype],
               _TORCH_TO_TL[positions.dtype], _TORCH_TO_TL[slot_mapping.dtype],
-              rows_per_thread(fmt, geom.rows))
+              rows_per_thread(fmt, geom.rows, variant))
+    static = static_args(variant, fmt, static, rope_dim, interleaved)
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, kv.device)
     kv = kv.contiguous()
     if kv.data_ptr() % 16:
         kv = kv.clone()
     _kernel(variant, *static)(kv, norm_weight.contiguous(), cos.contiguous(), sin.contiguous(),
-                     positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1), norm, float(eps))
+                              positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1), norm,
+                              float(eps), geom.num_slots)
+

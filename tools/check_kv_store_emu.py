@@ -28,6 +28,10 @@ cuda_emu.SHIM += r"""
 inline uint __pack_nv_bfloat162(bfloat16_t a, bfloat16_t b) { return (uint)a.bits | ((uint)b.bits << 16); }
 inline uint4 make_uint4(uint a, uint b, uint c, uint d) { return {a, b, c, d}; }
 inline uint2 make_uint2(uint a, uint b) { return {a, b}; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline uint __funnelshift_r(uint lo, uint hi, uint sh) {
+  return (uint)((((unsigned long long)hi << 32) | lo) >> (sh & 31));
+}
 """
 
 SRC = f"{WORK}/kv_src"  # generated sources, keyed by variant + static arguments + a hash of kv_store.py
@@ -86,24 +90,26 @@ def inputs(case, bad):
     return fmt, kv, w, cos, sin, pos, slots, cache
 
 
-def static_args(case, fmt, w, pos, slots, has_norm, R):
-    return (fmt.name, 64, case.interleaved, case.hadamard, has_norm,
-            case.rows_per_block if fmt.block_sections else 1, K._TORCH_TO_TL[w.dtype],
-            K._TORCH_TO_TL[pos.dtype], K._TORCH_TO_TL[slots.dtype], R)
+def static_args(variant, case, fmt, w, pos, slots, has_norm, R):
+    return K.static_args(variant, fmt, (fmt.name, 64, case.interleaved, case.hadamard, has_norm,
+                                        case.rows_per_block if fmt.block_sections else 1, K._TORCH_TO_TL[w.dtype],
+                                        K._TORCH_TO_TL[pos.dtype], K._TORCH_TO_TL[slots.dtype], R),
+                         64, case.interleaved)
 
 
 def run_emu(variant, case, R, has_norm, data, edit=None, order="forward"):
     fmt, kv, w, cos, sin, pos, slots, cache = data
     cache = cache.clone()
-    static = static_args(case, fmt, w, pos, slots, has_norm, R)
+    static = static_args(variant, case, fmt, w, pos, slots, has_norm, R)
     e = emu_for(variant, static, edit)
     out_norm = torch.full((case.rows, fmt.dim), 7.0, dtype=torch.bfloat16) if has_norm else torch.empty(1, fmt.dim, dtype=torch.bfloat16)
-    rows_per_cta = K.rows_per_cta(variant, fmt)
+    rows_per_cta = K.rows_per_cta(variant, fmt, 64, case.interleaved)
     grid = -(-case.rows // (rows_per_cta * R))
     order_l = list(range(grid))[::-1] if order == "reverse" else list(range(grid))
     e(grid, K.THREADS, order_l, cache=cache.view(-1), cos_1=cos, sin_1=sin, cos=cos, sin=sin, kv=kv, out_norm=out_norm,
       positions=pos, slots=slots, weight=w, cache_bytes=cache.numel(), eps=1e-6, max_pos=cos.shape[0],
-      norm_rows=out_norm.shape[0], rows=case.rows)
+      norm_rows=out_norm.shape[0], rows=case.rows,
+      capacity=cache.shape[0] * case.rows_per_block)
     return cache, (out_norm if has_norm else None)
 
 
@@ -166,7 +172,7 @@ def main():
         want = oracle(case, has_norm, data, loop=False)
         for v in variants:
             for name, edit in MUTATIONS.items():
-                if edit[0] not in source(v, static_args(case, *data[:1], data[2], data[5], data[6], has_norm, Rs[0])):
+                if edit[0] not in source(v, static_args(v, case, *data[:1], data[2], data[5], data[6], has_norm, Rs[0])):
                     print(f"mutation {v} {name}: pattern not in this variant's source")
                     continue
                 got = run_emu(v, case, Rs[0], has_norm, data, edit=edit)

@@ -1,0 +1,73 @@
+"""Run one benchmark case per name twice, the second time inside an NVTX range ``prof``, so Nsight
+Compute can profile just our kernels:
+
+    ncu --nvtx --nvtx-include "prof/" --section SpeedOfLight --section WarpStateStats \
+        python tools/profile_ncu.py kv_store:fp8 topk:b128 ...
+
+Cases reuse the benchmark inputs (benchmarks/bench_*.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from metadata.cache_format import BF16_KV_FORMAT, FP4_INDEX_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT
+
+
+def _kv_store(fmt, hadamard, rows=1 << 20, variant=None):
+    from benchmarks.bench_kv_store import _inputs
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+
+    kv, w, cos, sin, pos, slots, cache = _inputs(fmt, rows)
+    return lambda: norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt,
+                                                 hadamard=hadamard, variant=variant)
+
+
+def _compress_store(fmt, variant=None):
+    from benchmarks.bench_compress_store import _prefill
+    from tilelang_ops.compress_store import compress_store_prefill
+
+    args, kw, _ = _prefill(256, fmt, norm=False)
+    return lambda: compress_store_prefill(*args, **kw, variant=variant)
+
+
+def _topk(b, n, k, dist="randn"):
+    from tests.test_topk import make_scores
+    from tilelang_ops.topk import topk
+
+    x = make_scores(dist, b, n, device="cuda")
+    return lambda: topk(x, k, return_value=False)
+
+
+CASES = {
+    "kv_store:fp8": lambda: _kv_store(FP8_MAIN_KV_FORMAT, False),
+    "kv_store:fp4": lambda: _kv_store(FP4_MAIN_KV_FORMAT, False),
+    "kv_store:index": lambda: _kv_store(FP4_INDEX_KV_FORMAT, True),
+    "kv_store:bf16": lambda: _kv_store(BF16_KV_FORMAT, False),
+    "kv_store:fp8_v1": lambda: _kv_store(FP8_MAIN_KV_FORMAT, False, variant="v1"),
+    "compress_store:fp8": lambda: _compress_store(FP8_MAIN_KV_FORMAT),
+    "compress_store:fp8_v1": lambda: _compress_store(FP8_MAIN_KV_FORMAT, variant="v1"),
+    "topk:b128": lambda: _topk(128, 131072, 2048),
+    "topk:b64": lambda: _topk(64, 32768, 2048),
+    "topk:b1": lambda: _topk(1, 65536, 2048),
+    "topk:b64k512": lambda: _topk(64, 8192, 512),
+    "topk:b128_equal": lambda: _topk(128, 131072, 2048, "equal"),
+}
+
+
+def main(names: list[str]) -> None:
+    for name in names:
+        fn = CASES[name]()
+        fn()
+        torch.cuda.synchronize()
+        with torch.cuda.nvtx.range("prof"):
+            fn()
+        torch.cuda.synchronize()
+        print(f"profiled {name}", flush=True)
+        del fn
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or list(CASES))
