@@ -125,13 +125,18 @@ def run(h: Harness) -> None:
     if os.environ.get("COMPRESS_STORE_SWEEP", "0") == "1":
         sweep()
     cp, cd = compile_peer(compress_store_prefill_torch), compile_peer(compress_store_decode_torch)
+    only = [c for c in os.environ.get("COMPRESS_STORE_CASES", "").split(",") if c]  # e.g. "b1q1,b64q6"
     for case, (num_reqs, fmt, norm) in PREFILL_CASES.items():
+        if only and not any(o in case for o in only):
+            continue
         args, kw, nbytes = _prefill(num_reqs, fmt, norm)
         _case(h, case, args, kw, nbytes, compress_store_prefill, two_kernel_prefill,
               compress_store_prefill_torch, cp, tiny=False)
         del args, kw
         torch.cuda.empty_cache()
     for case, (batch, q) in DECODE_CASES.items():
+        if only and not any(o in case for o in only):
+            continue
         args, kw, nbytes = _decode(batch, q, FP8_MAIN_KV_FORMAT)
         _case(h, case, args, kw, nbytes, compress_store_decode, two_kernel_decode,
               compress_store_decode_torch, cd, tiny=batch * q <= TINY_TOKENS)

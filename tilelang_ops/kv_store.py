@@ -466,15 +466,16 @@ def kv_store_kernel_v2(fmt_name: str, rope_dim: int, interleaved: bool, hadamard
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
 def kv_store_kernel_v3(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: bool, has_out_norm: bool,
                        rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str,
-                       rows_per_thread: int = 1, chunks: int = 2):
-    """Variant v3: v2's arithmetic with ``chunks`` 16-element chunks per lane (``make_row_store``)."""
+                       rows_per_thread: int = 1, chunks: int = 2, persistent: bool = False):
+    """Variant v3: v2's arithmetic with ``chunks`` 16-element chunks per lane (``make_row_store``);
+    ``persistent``: a fixed grid strides over the row groups, loading group i + 1 before storing i."""
     return _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
                           weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=True, chunks=chunks,
-                          e2m1_fma=True)
+                          e2m1_fma=True, persistent=persistent)
 
 
 def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block, weight_dtype,
-                   pos_dtype, slot_dtype, rows_per_thread, fast, chunks=1, e2m1_fma=False):
+                   pos_dtype, slot_dtype, rows_per_thread, fast, chunks=1, e2m1_fma=False, persistent=False):
     """``rows_per_thread`` (R): each thread stores R rows, ``rows_per_cta`` apart, so a CTA covers
     R * rows_per_cta consecutive rows; all R rows' loads are issued before the first row's math
     (R times the bytes in flight) and the lane's weights are loaded and converted once. ``chunks`` (C):
@@ -494,6 +495,34 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
     cache_bytes = T.dynamic("cache_bytes", "int64")
     block_bytes = rows_per_block * fmt.row_bytes
 
+    @T.macro
+    def load_rows(kv, positions, slots, xb, posv, slotv, g, tx, lane, rows):
+        """Row group g's R rows (this lane's chunks), positions and slots (rows clamped to the last)."""
+        for k in T.unroll(R):
+            for c in T.unroll(C):
+                for v in T.unroll(2):
+                    for i in T.vectorized(8):
+                        xb[(k * C + c) * VEC + v * 8 + i] = kv[
+                            T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1),
+                            (lane + c * lanes) * VEC + v * 8 + i]
+        for k in T.unroll(R):
+            posv[k] = T.Cast("int64",
+                             positions[T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1)])
+            slotv[k] = T.Cast("int64", slots[T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1)])
+
+    @T.macro
+    def store_rows(xb, x, wf, posv, slotv, g, tx, lane, rows, cos, sin, cache, out_norm, max_pos, capacity,
+                   eps):
+        """Widen row group g's loaded rows and run the row pipeline on each."""
+        xw = T.view(xb, [R * C * VEC // 2], "uint32")  # BF16 pairs widen with one shift / one mask
+        for k in T.unroll(R):
+            for i in T.unroll(C * VEC // 2):
+                x[2 * i] = T.reinterpret(xw[k * C * VEC // 2 + i] << T.uint32(16), "float32")
+                x[2 * i + 1] = T.reinterpret(xw[k * C * VEC // 2 + i] & T.uint32(0xFFFF0000), "float32")
+            row_store(x, lane, wf, cos, sin, cache, out_norm, posv[k], slotv[k],
+                      (g * R + k) * rows_per_cta + tx // lanes < rows,
+                      T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1), max_pos, capacity, eps)
+
     @T.prim_func
     def kernel(
         kv: T.Tensor((rows, dim), "bfloat16"),  # [rows, dim] bf16
@@ -506,8 +535,9 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
         out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [rows, dim] bf16 (or [1, dim] dummy)
         eps: T.float32,
         capacity: T.int64,  # slots in the cache (v3; v1 / v2 derive it from cache_bytes, as verified)
+        ctas: T.int32,  # persistent: CTAs launched (each strides over row groups); else unused
     ):
-        with T.Kernel(T.ceildiv(rows, rows_per_cta * R), threads=THREADS) as bx:
+        with T.Kernel(T.ceildiv(rows, rows_per_cta * R) if not persistent else ctas, threads=THREADS) as bx:
             tx = T.get_thread_binding()
             lane = tx % lanes
             xb = T.alloc_local([R * C * VEC], "bfloat16")
@@ -517,17 +547,7 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
             posv = T.alloc_local([R], "int64")
             slotv = T.alloc_local([R], "int64")
             # every load first: R rows (tail rows redo the last row: they must shuffle, store nothing)
-            for k in T.unroll(R):
-                for c in T.unroll(C):
-                    for v in T.unroll(2):
-                        for i in T.vectorized(8):
-                            xb[(k * C + c) * VEC + v * 8 + i] = kv[
-                                T.min((bx * R + k) * rows_per_cta + tx // lanes, rows - 1),
-                                (lane + c * lanes) * VEC + v * 8 + i]
-            for k in T.unroll(R):
-                posv[k] = T.Cast("int64",
-                                 positions[T.min((bx * R + k) * rows_per_cta + tx // lanes, rows - 1)])
-                slotv[k] = T.Cast("int64", slots[T.min((bx * R + k) * rows_per_cta + tx // lanes, rows - 1)])
+            load_rows(kv, positions, slots, xb, posv, slotv, bx, tx, lane, rows)
             for c in T.unroll(C):
                 for v in T.unroll(VEC // wvec):
                     for i in T.vectorized(wvec):
@@ -540,15 +560,24 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
             else:
                 for i in T.unroll(C * VEC):
                     wf[i] = T.Cast("float32", wl[i])
-            xw = T.view(xb, [R * C * VEC // 2], "uint32")  # BF16 pairs widen with one shift / one mask
-            for k in T.unroll(R):
-                for i in T.unroll(C * VEC // 2):
-                    x[2 * i] = T.reinterpret(xw[k * C * VEC // 2 + i] << T.uint32(16), "float32")
-                    x[2 * i + 1] = T.reinterpret(xw[k * C * VEC // 2 + i] & T.uint32(0xFFFF0000), "float32")
-                row_store(x, lane, wf, cos, sin, cache, out_norm, posv[k], slotv[k],
-                          (bx * R + k) * rows_per_cta + tx // lanes < rows,
-                          T.min((bx * R + k) * rows_per_cta + tx // lanes, rows - 1), max_pos,
-                          capacity if C > 1 else (cache_bytes // block_bytes) * rows_per_block, eps)
+            if not persistent:
+                store_rows(xb, x, wf, posv, slotv, bx, tx, lane, rows, cos, sin, cache, out_norm, max_pos,
+                           capacity if C > 1 else (cache_bytes // block_bytes) * rows_per_block, eps)
+            else:
+                # grid-stride over row groups: the next group's loads are issued before this group's
+                # math, so each warp keeps a group's bytes in flight while it computes
+                xn = T.alloc_local([R * C * VEC], "bfloat16")
+                posn = T.alloc_local([R], "int64")
+                slotn = T.alloc_local([R], "int64")
+                for it in T.serial(T.ceildiv(T.ceildiv(rows, rows_per_cta * R) - bx, ctas)):
+                    load_rows(kv, positions, slots, xn, posn, slotn, bx + (it + 1) * ctas, tx, lane, rows)
+                    store_rows(xb, x, wf, posv, slotv, bx + it * ctas, tx, lane, rows, cos, sin, cache,
+                               out_norm, max_pos, capacity, eps)
+                    for j in T.unroll(R * C * VEC):
+                        xb[j] = xn[j]
+                    for k in T.unroll(R):
+                        posv[k] = posn[k]
+                        slotv[k] = slotn[k]
 
     return kernel
 
@@ -580,20 +609,43 @@ def rows_per_cta(variant: str, fmt: KVCacheFormat, rope_dim: int = 64, interleav
 
 
 def static_args(variant: str, fmt: KVCacheFormat, static: tuple, rope_dim: int = 64,
-                interleaved: bool = True) -> tuple:
-    """The kernel factory's static arguments: ``static`` (format .. rows per thread) plus v3's chunks."""
+                interleaved: bool = True, rows: int = 0) -> tuple:
+    """The kernel factory's static arguments: ``static`` (format .. rows per thread) plus v3's chunks
+    and persistence."""
     if variant == "v3":
-        return static + (chunks_for(variant, fmt, rope_dim, interleaved),)
+        return static + (chunks_for(variant, fmt, rope_dim, interleaved), persistent_for(fmt, rows))
     return static
+
+
+# v3 persistent grid (KV_STORE_PERSISTENT=0/1 overrides, for the benchmark's sweep): CTAs per SM launched
+PERSISTENT = {"fp8_main": False, "fp4_main": False, "fp4_index": False, "bf16": False}
+PERSISTENT_CTAS_PER_SM = 4
+
+
+def persistent_for(fmt: KVCacheFormat, rows: int) -> bool:
+    forced = os.environ.get("KV_STORE_PERSISTENT")
+    if forced is not None:
+        return forced == "1"
+    return PERSISTENT.get(fmt.name, False) and rows >= MULTI_ROW_MIN_ROWS
+
+
+def grid_ctas(variant: str, fmt: KVCacheFormat, static: tuple, rows: int, device) -> int:
+    """CTAs of a persistent launch (at most one per row group); 1 (unused) otherwise."""
+    if variant != "v3" or not static[-1]:
+        return 1
+    groups = -(-rows // (rows_per_cta(variant, fmt, static[1], static[2]) * static[9]))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(groups, sms * int(os.environ.get("KV_STORE_CTAS_PER_SM", PERSISTENT_CTAS_PER_SM))))
 
 
 # Rows per thread for large launches (R > 1 puts R rows' loads in flight per thread, at the price of
 # registers: fp8 / bf16 59 -> 85, fp4 60 -> 116, fp4 index 71 -> 114 per thread at R = 2). Small
 # launches (latency-bound: every row's chain is serial within a thread) always use 1. The benchmark's
 # KV_STORE_SWEEP=1 times R = 1, 2, 4 through KV_STORE_ROWS_PER_THREAD (read here, for that sweep).
-# v3 holds two chunks per lane already (twice v2's work per thread at R = 1).
 ROWS_PER_THREAD = {"fp8_main": 2, "fp4_main": 1, "fp4_index": 1, "bf16": 2}
-ROWS_PER_THREAD_V3 = {"fp8_main": 1, "fp4_main": 1, "fp4_index": 1, "bf16": 1}
+# v3 at 1M rows on the H200 (us, chunks 2, R = 1 / 2): fp8 644 / 609, fp4 623 / 628, fp4 index 260 / 288,
+# bf16 717 / 657 (4 chunks, R = 1: 754, 641, 340, 688)
+ROWS_PER_THREAD_V3 = {"fp8_main": 2, "fp4_main": 1, "fp4_index": 1, "bf16": 2}
 MULTI_ROW_MIN_ROWS = 32768
 
 
@@ -654,12 +706,13 @@ def norm_rope_hadamard_cast_store(kv, norm_weight, eps, cos, sin, positions, slo
               geom.rows_per_block if fmt.block_sections else 1, _TORCH_TO_TL[norm_weight.dtype],
               _TORCH_TO_TL[positions.dtype], _TORCH_TO_TL[slot_mapping.dtype],
               rows_per_thread(fmt, geom.rows, variant))
-    static = static_args(variant, fmt, static, rope_dim, interleaved)
+    static = static_args(variant, fmt, static, rope_dim, interleaved, geom.rows)
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, kv.device)
     kv = kv.contiguous()
     if kv.data_ptr() % 16:
         kv = kv.clone()
     _kernel(variant, *static)(kv, norm_weight.contiguous(), cos.contiguous(), sin.contiguous(),
                               positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1), norm,
-                              float(eps), geom.num_slots)
+                              float(eps), geom.num_slots,
+                              grid_ctas(variant, fmt, static, geom.rows, kv.device))
 
