@@ -9,8 +9,8 @@ import sys
 
 import torch
 
-from benchmarks.bench_kv_store import _inputs
 import benchmarks.harness as harness
+from benchmarks.bench_kv_store import _inputs
 from benchmarks.harness import time_graph_us, time_us
 from metadata.cache_format import ALL_FORMATS
 from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
