@@ -31,7 +31,13 @@ shuffles, scale arithmetic, index math, the idle lanes of the RoPE branch, which
 per warp) is paid once per C chunks. Its store guard takes the slot count as an argument (no 64-bit
 division per thread). Main-body SASS per 32 elements (sm_90a, from cuobjdump): fp8 1000 (v2, R = 2)
 -> 704 (C = 2) -> 524 (C = 4), fp4 ~1500 -> 1032 -> 856, fp4 index ~1900 -> 1360 -> 1192; registers
-78 -> 90 -> 157 (C = 4 trades occupancy for fewer instructions: the benchmark's sweep picks C).
+78 -> 90 -> 157 (C = 4 trades occupancy for fewer instructions and lost on the H200: see
+``ROWS_PER_THREAD_V3``). Device time at 1M rows on the H200, v2 -> v3 (us): fp8 602 -> 542 (0.72 of
+the copy roofline), fp4 703 -> 553 (0.59), fp4 index 246 -> 210 (0.39), bf16 597 -> 594 (0.86). The
+time fell less than the instruction count: the fp8 kernel is now partly latency-bound (ncu: 22%
+achieved occupancy, a warp eligible 64% of cycles), fp4 still issue-bound (77%). The persistent grid
+(``PERSISTENT``, off: it did not help) strides a fixed grid over the row groups and loads group i + 1
+before storing group i.
 "v2" is v1 with fewer SASS instructions (``make_row_store(fast=True)``): the sum of squares as FFMAs
 (x is BF16-valued, so x*x is exact in FP32 and ``ss + x*x`` rounds once either way; only products
 below 2^-126, |x| < 2^-63, are inexact as FMULs, which can matter only when eps ~ 0 and a whole
