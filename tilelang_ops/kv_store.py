@@ -338,44 +338,41 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                     if not fast:  # (fast: stored straight from f8's words, no byte split / reassembly)
                         for j in T.unroll(VEC):
                             packed[j] = T.reinterpret(f8[j], "uint8")
+                elif e2m1_fma:
+                    # inv = 2 / sf (exactly 2 * RN(1 / sf)), so z2 = RN(y * inv) = 2z (both codes are 0
+                    # with z's sign where 2z would differ, z subnormal). a = min(|z2|, 12); F =
+                    # max(bits(a) & 0x7F800000, bits(2.0) | 16); t = float(F + (F >> 22)) * 2^22 + a in
+                    # one FFMA (exact product, one RNE): float(F) * 2^22 has ulp 1 / 2 / 4, the e2m1
+                    # grid on 2|z| for |z| < 2 / < 4 / >= 4, and F >> 22 adds whole grid steps equal to
+                    # 0 / 2 / 4 mod 16, the codes of |z| = 0 / 2 / 4: bits(t) mod 16 is the code (ties
+                    # to even: bits(F * 2^22) is even; the "| 16" is 0 mod 16 and keeps F + (F >> 22)
+                    # one LEA.HI). Packing: word = (word >> 4) | (bits(t) << 28) as one funnel shift,
+                    # then the sign into bit 31; after 8 elements nibble k is element k (tests: the
+                    # torch port e2m1_words_kernel_expression_v3, exhaustive).
+                    for w in T.unroll(VEC // 8):
+                        for k in T.unroll(8):
+                            z2 = T.ieee_mul(y[c * VEC + 8 * w + k], inv)
+                            mag2 = T.min(T.abs(z2), _f32(12.0))
+                            fb = T.max(T.reinterpret(mag2, "uint32") & T.uint32(0x7F800000),
+                                       T.uint32(0x40000010))
+                            tb = T.reinterpret(T.ieee_fmaf(
+                                T.reinterpret(fb + (fb >> T.uint32(22)), "float32"), _f32(2.0 ** 22),
+                                mag2), "uint32")
+                            if k == 0:
+                                words[c * (VEC // 8) + w] = tb << T.uint32(28)
+                            else:
+                                words[c * (VEC // 8) + w] = T.call_extern(
+                                    "uint32", "__funnelshift_r", words[c * (VEC // 8) + w], tb, 4)
+                            words[c * (VEC // 8) + w] = (words[c * (VEC // 8) + w] | (
+                                T.reinterpret(z2, "uint32") & T.uint32(0x80000000)))
                 else:
                     # e2m1 RNE without thresholds: a = min(|x|, 6); t = a + M rounds a to the grid of
                     # ulp(M) (RNE, one IEEE add): M = 2^22 (grid 0.5) below 2, 2^23 (grid 1) below 4,
                     # 2^24 (grid 2) above; then code = bits(t) - K with K = bits(M) - {0, 2, 4} (codes
                     # 0..4 = 0..2 in steps of .5, 5..6 = 3..4, 7 = 6). The sign bit is the input's.
-                    if e2m1_fma:
-                        # inv = 2 / sf (exactly 2 * RN(1 / sf)), so z2 = RN(y * inv) = 2z (both codes are 0
-                        # with z's sign where 2z would differ, z subnormal). a = min(|z2|, 12); F =
-                        # max(bits(a) & 0x7F800000, bits(2.0) | 16); t = float(F + (F >> 22)) * 2^22 + a in
-                        # one FFMA (exact product, one RNE): float(F) * 2^22 has ulp 1 / 2 / 4, the e2m1
-                        # grid on 2|z| for |z| < 2 / < 4 / >= 4, and F >> 22 adds whole grid steps equal to
-                        # 0 / 2 / 4 mod 16, the codes of |z| = 0 / 2 / 4: bits(t) mod 16 is the code (ties
-                        # to even: bits(F * 2^22) is even; the "| 16" is 0 mod 16 and keeps F + (F >> 22)
-                        # one LEA.HI). Packing: word = (word >> 4) | (bits(t) << 28) as one funnel shift,
-                        # then the sign into bit 31; after 8 elements nibble k is element k (tests: the
-                        # torch port e2m1_words_kernel_expression_v3, exhaustive).
-                        for w in T.unroll(VEC // 8):
-                            for k in T.unroll(8):
-                                z2 = T.ieee_mul(y[c * VEC + 8 * w + k], inv)
-                                mag2 = T.min(T.abs(z2), _f32(12.0))
-                                fb = T.max(T.reinterpret(mag2, "uint32") & T.uint32(0x7F800000),
-                                           T.uint32(0x40000010))
-                                tb = T.reinterpret(T.ieee_fmaf(
-                                    T.reinterpret(fb + (fb >> T.uint32(22)), "float32"), _f32(2.0 ** 22),
-                                    mag2), "uint32")
-                                if k == 0:
-                                    words[c * (VEC // 8) + w] = tb << T.uint32(28)
-                                else:
-                                    words[c * (VEC // 8) + w] = T.call_extern(
-                                        "uint32", "__funnelshift_r", words[c * (VEC // 8) + w], tb, 4)
-                                words[c * (VEC // 8) + w] = (words[c * (VEC // 8) + w] | (
-                                    T.reinterpret(z2, "uint32") & T.uint32(0x80000000)))
-                    else:
-                        for j in T.unroll(VEC):
-                            z[c * VEC + j] = T.ieee_mul(y[c * VEC + j], inv)
-                    if e2m1_fma:
-                        pass
-                    elif fast:
+                    for j in T.unroll(VEC):
+                        z[c * VEC + j] = T.ieee_mul(y[c * VEC + j], inv)
+                    if fast:
                         # the same M from a's exponent bits (no compares / selects): M = max(bits(a) &
                         # 0x7F800000, bits(1.0)) + (22 << 23) is 2^22 / 2^23 / 2^24 for a < 2 / < 4 / >= 4,
                         # and {0, 2, 4} = (bits(M) >> 22) - 298 (tests: exhaustive vs the reference codes)
@@ -387,6 +384,13 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                                 (T.reinterpret(T.ieee_add(mag, T.reinterpret(mbits, "float32")), "uint32")
                                  - mbits + ((mbits >> T.uint32(22)) - T.uint32(298)))
                                 | ((T.reinterpret(z[c * VEC + j], "uint32") >> T.uint32(28)) & T.uint32(8)))
+                        # 8 codes per 32-bit word (disjoint nibbles: multiply-add == shift-or)
+                        for w in T.unroll(VEC // 8):
+                            words[c * (VEC // 8) + w] = c32[8 * w]
+                            for k in T.unroll(7):
+                                words[c * (VEC // 8) + w] = (
+                                    words[c * (VEC // 8) + w]
+                                    + c32[8 * w + k + 1] * T.uint32(1 << (4 * (k + 1))))
                     else:
                         for j in T.unroll(VEC):
                             mag = T.min(T.abs(z[j]), _f32(6.0))
@@ -399,16 +403,6 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                                                  T.if_then_else(mag < _f32(4.0), T.uint32(0x4B000000 - 2),
                                                                 T.uint32(0x4B800000 - 4))))
                                 | ((T.reinterpret(z[j], "uint32") >> T.uint32(28)) & T.uint32(8)))
-                    if e2m1_fma:
-                        pass
-                    elif fast:  # 8 codes per 32-bit word (disjoint nibbles: multiply-add == shift-or)
-                        for w in T.unroll(VEC // 8):
-                            words[c * (VEC // 8) + w] = c32[8 * w]
-                            for k in T.unroll(7):
-                                words[c * (VEC // 8) + w] = (
-                                    words[c * (VEC // 8) + w]
-                                    + c32[8 * w + k + 1] * T.uint32(1 << (4 * (k + 1))))
-                    else:
                         for j in T.unroll(VEC // 2):
                             packed[j] = codes[2 * j] | (codes[2 * j + 1] << T.uint8(4))
 
