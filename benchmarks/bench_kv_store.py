@@ -1,9 +1,8 @@
 """norm_rope_hadamard_cast_store: the TileLang kernel vs the vectorized torch twin (eager and
 torch.compile). Bytes = BF16 rows read + cache bytes written (no out_norm in these cases).
 
-The default variant (v3) is reported with the previous one (v2) as peer ``v2``, and from 64K rows with
-v3 on its persistent grid as peer ``persistent``. KV_STORE_SWEEP=1 also
-times v3's launch shapes in ``SWEEP`` (chunks, rows per thread, persistent grid) at 1M rows (lines ``SWEEP
+The default variant (v3) is reported with the previous one (v2) as peer ``v2``. KV_STORE_SWEEP=1 also
+times v3's launch shapes in ``SWEEP`` (chunks, rows per thread) at 1M rows (lines ``SWEEP
 kv_store ...``; tuning data for ``tilelang_ops.kv_store.CHUNKS`` / ``ROWS_PER_THREAD_V3``, not reported)."""
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ FORMATS = ((FP8_MAIN_KV_FORMAT, False), (FP4_MAIN_KV_FORMAT, False), (FP4_INDEX_
 ROWS_PER_BLOCK = 64
 MAX_POSITION = 8192
 TINY = 64  # at or below this many rows, time CUDA-graph replays (launch-bound)
-PERSISTENT_MIN_ROWS = 65536  # also time v3's persistent grid (peer ``persistent``) from this many rows
 
 
 def _inputs(fmt, rows):
@@ -54,50 +52,41 @@ def run(h: Harness) -> None:
             compile_us = None if compiled is None else time_peer(
                 f"compile {fmt.name} rows{rows}", lambda: compiled(*args, **kw), timer)  # noqa: B023
             v2_us = timer(lambda: norm_rope_hadamard_cast_store(*args, **kw, variant="v2"))  # noqa: B023
-            peers = {"v2": v2_us}
-            if rows >= PERSISTENT_MIN_ROWS:  # v3 on the persistent grid (KV_STORE_PERSISTENT=1)
-                os.environ["KV_STORE_PERSISTENT"] = "1"
-                try:
-                    peers["persistent"] = timer(lambda: norm_rope_hadamard_cast_store(*args, **kw))  # noqa: B023
-                finally:
-                    del os.environ["KV_STORE_PERSISTENT"]
             nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
             h.report(OP, f"{fmt.name}_rows{rows}", nbytes, us, eager_us=eager_us, compile_us=compile_us,
-                     peers=peers)
+                     peers={"v2": v2_us})
             del kv, cache
             torch.cuda.empty_cache()
     if os.environ.get("KV_STORE_SWEEP", "0") == "1":
         sweep()
 
 
-# (chunks per lane, rows per thread, persistent grid, CTAs per SM when persistent)
-SWEEP = ((2, 1, 0, 4), (2, 2, 0, 4), (2, 1, 1, 4), (2, 1, 1, 6), (2, 2, 1, 3), (4, 1, 1, 3))
+# (chunks per lane, rows per thread)
+SWEEP = ((2, 1), (2, 2), (4, 1))
 
 
 def sweep() -> None:
     """v3's launch shapes in SWEEP, every format at 1M rows."""
     from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
 
+    rows = 1 << 20
     for fmt, hadamard in FORMATS:
-        for rows in (1 << 20,):
-            kv, w, cos, sin, pos, slots, cache = _inputs(fmt, rows)
-            args = (kv, w, 1e-6, cos, sin, pos, slots, cache, fmt)
-            del kv, cache
-            nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
-            for chunks, rpt, pers, per_sm in SWEEP:
-                env = {"KV_STORE_ROWS_PER_THREAD": rpt, "KV_STORE_CHUNKS": chunks,
-                       "KV_STORE_PERSISTENT": pers, "KV_STORE_CTAS_PER_SM": per_sm}
-                os.environ.update({k: str(v) for k, v in env.items()})
-                try:
-                    us = _time_kernel(norm_rope_hadamard_cast_store, args, hadamard)
-                finally:
-                    for k in env:
-                        del os.environ[k]
-                print(f"SWEEP {OP} {fmt.name}_rows{rows} chunks={chunks} rows_per_thread={rpt} "
-                      f"persistent={pers} ctas_per_sm={per_sm} us={us:.1f} GBps={nbytes / us / 1e3:.0f}",
-                      flush=True)
-            args = None  # free the cache before the next case's allocation
-            torch.cuda.empty_cache()
+        kv, w, cos, sin, pos, slots, cache = _inputs(fmt, rows)
+        args = (kv, w, 1e-6, cos, sin, pos, slots, cache, fmt)
+        del kv, cache
+        nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
+        for chunks, rpt in SWEEP:
+            env = {"KV_STORE_ROWS_PER_THREAD": rpt, "KV_STORE_CHUNKS": chunks}
+            os.environ.update({k: str(v) for k, v in env.items()})
+            try:
+                us = _time_kernel(norm_rope_hadamard_cast_store, args, hadamard)
+            finally:
+                for k in env:
+                    del os.environ[k]
+            print(f"SWEEP {OP} {fmt.name}_rows{rows} chunks={chunks} rows_per_thread={rpt} "
+                  f"us={us:.1f} GBps={nbytes / us / 1e3:.0f}", flush=True)
+        args = None  # free the cache before the next case's allocation
+        torch.cuda.empty_cache()
 
 
 def _time_kernel(fn, args, hadamard) -> float:

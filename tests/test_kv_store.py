@@ -734,31 +734,9 @@ def test_build_sm90(cfg):
     assert ("out_norm +" in src) == cfg[4]
 
 
-@requires_cuda
-@pytest.mark.parametrize("fmt_name", list(FORMATS))
-def test_kernel_v3_persistent(fmt_name, monkeypatch):
-    """v3's persistent grid (forced, one CTA per SM: every CTA strides over several row groups, loading
-    the next group before storing this one; the last trip's prefetch is clamped): bitwise equal to the
-    oracle on 20001 rows (a partial last group) and 7 rows (fewer groups than CTAs)."""
-    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
-
-    monkeypatch.setenv("KV_STORE_PERSISTENT", "1")
-    monkeypatch.setenv("KV_STORE_CTAS_PER_SM", "1")
-    for rows in (20001, 7):
-        case = GpuCase("persistent", fmt_name, rows, hadamard=fmt_name == "fp4_index")
-        fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
-        out_norm = torch.full((rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
-        want, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache.clone(), out_norm.clone())
-        norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, hadamard=case.hadamard,
-                                      out_norm=out_norm, variant="v3")
-        _sync()
-        compare_bitwise(f"kv_cache rows={rows}", cache, want.to(cache.device)).check()
-        compare_bitwise(f"out_norm rows={rows}", out_norm, want_norm.to(out_norm.device)).check()
-
-
 @pytest.mark.parametrize("fmt_name", list(STORE_VECTOR) + ["fp4_index"])
 def test_build_sm90_v3(fmt_name):
-    """v3 (two chunks per lane; FP8 also four, on the persistent grid) lowers and compiles with its
+    """v3 (two chunks per lane; FP8 also four) lowers and compiles with its
     payload in vector stores: its store guard is a kernel argument, so TileLang's safe-memory pass
     (which would split every vector store into guarded byte stores) is off and nothing else may need
     it."""
@@ -768,7 +746,7 @@ def test_build_sm90_v3(fmt_name):
     rpb, had = (64, True) if fmt_name == "fp4_index" else (1, False)
     for chunks in ((2, 4) if fmt_name == "fp8_main" else (2,)):
         src = compile_for_sm90(kv_store_kernel_v3, fmt_name, 64, True, had, True, rpb, "bfloat16", "int64",
-                               "int64", 1, chunks, chunks == 4).get_kernel_source()
+                               "int64", 1, chunks).get_kernel_source()
         want = STORE_VECTOR.get(fmt_name, "*(uint2*)(cache")
         assert want in src, f"{fmt_name} chunks={chunks}: byte stores"
         assert "(slot < capacity)" in src

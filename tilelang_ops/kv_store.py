@@ -35,9 +35,9 @@ division per thread). Main-body SASS per 32 elements (sm_90a, from cuobjdump): f
 ``ROWS_PER_THREAD_V3``). Device time at 1M rows on the H200, v2 -> v3 (us): fp8 602 -> 542 (0.72 of
 the copy roofline), fp4 703 -> 553 (0.59), fp4 index 246 -> 210 (0.39), bf16 597 -> 594 (0.86). The
 time fell less than the instruction count: the fp8 kernel is now partly latency-bound (ncu: 22%
-achieved occupancy, a warp eligible 64% of cycles), fp4 still issue-bound (77%). The persistent grid
-(``PERSISTENT``, off: it did not help) strides a fixed grid over the row groups and loads group i + 1
-before storing group i.
+achieved occupancy, a warp eligible 64% of cycles), fp4 still issue-bound (77%). A persistent grid
+(a fixed grid striding over the row groups, loading group i + 1 before storing group i) was tried,
+GPU-verified and measured no better (bench_results/h200.txt), and removed.
 "v2" is v1 with fewer SASS instructions (``make_row_store(fast=True)``): the sum of squares as FFMAs
 (x is BF16-valued, so x*x is exact in FP32 and ``ss + x*x`` rounds once either way; only products
 below 2^-126, |x| < 2^-63, are inexact as FMULs, which can matter only when eps ~ 0 and a whole
@@ -466,16 +466,15 @@ def kv_store_kernel_v2(fmt_name: str, rope_dim: int, interleaved: bool, hadamard
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
 def kv_store_kernel_v3(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: bool, has_out_norm: bool,
                        rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str,
-                       rows_per_thread: int = 1, chunks: int = 2, persistent: bool = False):
-    """Variant v3: v2's arithmetic with ``chunks`` 16-element chunks per lane (``make_row_store``);
-    ``persistent``: a fixed grid strides over the row groups, loading group i + 1 before storing i."""
+                       rows_per_thread: int = 1, chunks: int = 2):
+    """Variant v3: v2's arithmetic with ``chunks`` 16-element chunks per lane (``make_row_store``)."""
     return _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
                           weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=True, chunks=chunks,
-                          e2m1_fma=True, persistent=persistent)
+                          e2m1_fma=True)
 
 
 def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block, weight_dtype,
-                   pos_dtype, slot_dtype, rows_per_thread, fast, chunks=1, e2m1_fma=False, persistent=False):
+                   pos_dtype, slot_dtype, rows_per_thread, fast, chunks=1, e2m1_fma=False):
     """``rows_per_thread`` (R): each thread stores R rows, ``rows_per_cta`` apart, so a CTA covers
     R * rows_per_cta consecutive rows; all R rows' loads are issued before the first row's math
     (R times the bytes in flight) and the lane's weights are loaded and converted once. ``chunks`` (C):
@@ -535,9 +534,8 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
         out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [rows, dim] bf16 (or [1, dim] dummy)
         eps: T.float32,
         capacity: T.int64,  # slots in the cache (v3; v1 / v2 derive it from cache_bytes, as verified)
-        ctas: T.int32,  # persistent: CTAs launched (each strides over row groups); else unused
     ):
-        with T.Kernel(T.ceildiv(rows, rows_per_cta * R) if not persistent else ctas, threads=THREADS) as bx:
+        with T.Kernel(T.ceildiv(rows, rows_per_cta * R), threads=THREADS) as bx:
             tx = T.get_thread_binding()
             lane = tx % lanes
             xb = T.alloc_local([R * C * VEC], "bfloat16")
@@ -560,24 +558,8 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
             else:
                 for i in T.unroll(C * VEC):
                     wf[i] = T.Cast("float32", wl[i])
-            if not persistent:
-                store_rows(xb, x, wf, posv, slotv, bx, tx, lane, rows, cos, sin, cache, out_norm, max_pos,
-                           capacity if C > 1 else (cache_bytes // block_bytes) * rows_per_block, eps)
-            else:
-                # grid-stride over row groups: the next group's loads are issued before this group's
-                # math, so each warp keeps a group's bytes in flight while it computes
-                xn = T.alloc_local([R * C * VEC], "bfloat16")
-                posn = T.alloc_local([R], "int64")
-                slotn = T.alloc_local([R], "int64")
-                for it in T.serial(T.ceildiv(T.ceildiv(rows, rows_per_cta * R) - bx, ctas)):
-                    load_rows(kv, positions, slots, xn, posn, slotn, bx + (it + 1) * ctas, tx, lane, rows)
-                    store_rows(xb, x, wf, posv, slotv, bx + it * ctas, tx, lane, rows, cos, sin, cache,
-                               out_norm, max_pos, capacity, eps)
-                    for j in T.unroll(R * C * VEC):
-                        xb[j] = xn[j]
-                    for k in T.unroll(R):
-                        posv[k] = posn[k]
-                        slotv[k] = slotn[k]
+            store_rows(xb, x, wf, posv, slotv, bx, tx, lane, rows, cos, sin, cache, out_norm, max_pos,
+                       capacity if C > 1 else (cache_bytes // block_bytes) * rows_per_block, eps)
 
     return kernel
 
@@ -609,33 +591,11 @@ def rows_per_cta(variant: str, fmt: KVCacheFormat, rope_dim: int = 64, interleav
 
 
 def static_args(variant: str, fmt: KVCacheFormat, static: tuple, rope_dim: int = 64,
-                interleaved: bool = True, rows: int = 0) -> tuple:
-    """The kernel factory's static arguments: ``static`` (format .. rows per thread) plus v3's chunks
-    and persistence."""
+                interleaved: bool = True) -> tuple:
+    """The kernel factory's static arguments: ``static`` (format .. rows per thread) plus v3's chunks."""
     if variant == "v3":
-        return static + (chunks_for(variant, fmt, rope_dim, interleaved), persistent_for(fmt, rows))
+        return static + (chunks_for(variant, fmt, rope_dim, interleaved),)
     return static
-
-
-# v3 persistent grid (KV_STORE_PERSISTENT=0/1 overrides, for the benchmark's sweep): CTAs per SM launched
-PERSISTENT = {"fp8_main": False, "fp4_main": False, "fp4_index": False, "bf16": False}
-PERSISTENT_CTAS_PER_SM = 4
-
-
-def persistent_for(fmt: KVCacheFormat, rows: int) -> bool:
-    forced = os.environ.get("KV_STORE_PERSISTENT")
-    if forced is not None:
-        return forced == "1"
-    return PERSISTENT.get(fmt.name, False) and rows >= MULTI_ROW_MIN_ROWS
-
-
-def grid_ctas(variant: str, fmt: KVCacheFormat, static: tuple, rows: int, device) -> int:
-    """CTAs of a persistent launch (at most one per row group); 1 (unused) otherwise."""
-    if variant != "v3" or not static[-1]:
-        return 1
-    groups = -(-rows // (rows_per_cta(variant, fmt, static[1], static[2]) * static[9]))
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(groups, sms * int(os.environ.get("KV_STORE_CTAS_PER_SM", PERSISTENT_CTAS_PER_SM))))
 
 
 # Rows per thread for large launches (R > 1 puts R rows' loads in flight per thread, at the price of
@@ -706,13 +666,12 @@ def norm_rope_hadamard_cast_store(kv, norm_weight, eps, cos, sin, positions, slo
               geom.rows_per_block if fmt.block_sections else 1, _TORCH_TO_TL[norm_weight.dtype],
               _TORCH_TO_TL[positions.dtype], _TORCH_TO_TL[slot_mapping.dtype],
               rows_per_thread(fmt, geom.rows, variant))
-    static = static_args(variant, fmt, static, rope_dim, interleaved, geom.rows)
+    static = static_args(variant, fmt, static, rope_dim, interleaved)
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, kv.device)
     kv = kv.contiguous()
     if kv.data_ptr() % 16:
         kv = kv.clone()
     _kernel(variant, *static)(kv, norm_weight.contiguous(), cos.contiguous(), sin.contiguous(),
                               positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1), norm,
-                              float(eps), geom.num_slots,
-                              grid_ctas(variant, fmt, static, geom.rows, kv.device))
+                              float(eps), geom.num_slots)
 

@@ -4,8 +4,7 @@ CUDA thread) and compare their cache bytes and out_norm bitwise with the vectori
 with only in-range slots, the loop reference). Every format, both RoPE conventions, Hadamard, rows per
 thread R = 1 / 2, out_norm on / off, BF16 / FP32 weights, int32 / int64 indices, odd row counts, slot -1,
 slots beyond the cache and positions beyond the table. Each variant in ``VARIANTS`` is checked.
-`--mutate` checks that deliberately broken sources are caught. KV_STORE_PERSISTENT=1 checks v3's
-persistent grid (two CTAs striding over the row groups).
+`--mutate` checks that deliberately broken sources are caught.
 
     PYTHONPATH=. .venv/bin/python tools/check_kv_store_emu.py [case-substring ...] [--variant v2] [--mutate]
 """
@@ -106,14 +105,11 @@ def run_emu(variant, case, R, has_norm, data, edit=None, order="forward"):
     out_norm = torch.full((case.rows, fmt.dim), 7.0, dtype=torch.bfloat16) if has_norm else torch.empty(1, fmt.dim, dtype=torch.bfloat16)
     rows_per_cta = K.rows_per_cta(variant, fmt, 64, case.interleaved)
     grid = -(-case.rows // (rows_per_cta * R))
-    ctas = 1
-    if variant == "v3" and static[-1]:  # persistent: few CTAs, so each strides over several groups
-        grid = ctas = 1 if grid <= 3 else 2
     order_l = list(range(grid))[::-1] if order == "reverse" else list(range(grid))
     e(grid, K.THREADS, order_l, cache=cache.view(-1), cos_1=cos, sin_1=sin, cos=cos, sin=sin, kv=kv, out_norm=out_norm,
       positions=pos, slots=slots, weight=w, cache_bytes=cache.numel(), eps=1e-6, max_pos=cos.shape[0],
       norm_rows=out_norm.shape[0], rows=case.rows,
-      capacity=cache.shape[0] * case.rows_per_block, ctas=ctas)
+      capacity=cache.shape[0] * case.rows_per_block)
     return cache, (out_norm if has_norm else None)
 
 
