@@ -833,15 +833,8 @@ def _sync():
 
 
 @dataclass(frozen=True)
-class GpuCase:
-    id: str
-    fmt: str
-    rows: int
-    interleaved: bool = True
-    hadamard: bool = False
-    weight_fp32: bool = False
-    index_dtype: torch.dtype = torch.int64
-    rows_per_block: int = 64
+class GpuCase(StoreCase):
+    rows_per_block: int = 64  # a real cache block (StoreCase's CPU cases use 8)
     out_norm: bool = True
 
 
@@ -859,11 +852,9 @@ GPU_CASES += [
 
 
 def _gpu_inputs(case: GpuCase, slack: int = 3):
-    sc = StoreCase(case.id, case.fmt, case.rows, case.interleaved, case.hadamard, case.weight_fp32,
-                   rows_per_block=case.rows_per_block, index_dtype=case.index_dtype)
     g = torch.Generator().manual_seed(case.rows)
     num_blocks = (case.rows * slack) // case.rows_per_block + 2
-    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(sc, GPU, max_position=4096,
+    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(case, GPU, max_position=4096,
                                                           num_blocks=num_blocks, gen=g)
     if case.rows > 2:
         slots[::17] = -1  # a sprinkling of skipped rows
