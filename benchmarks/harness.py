@@ -22,10 +22,11 @@ def time_us(fn, *, warmup: int = 5, rep: int = 30, flush_bytes: int = 0) -> floa
     """Median microseconds of ``fn()`` over ``rep`` launches timed with CUDA events: device time of
     what ``fn`` enqueues, not the host's Python work.
 
-    Before each start event the GPU gets work that outlasts the host side of ``fn`` (the L2 flush, or
-    a spin kernel): the start event is then stamped when that work ends, after ``fn``'s kernels are
-    already queued. Without it the GPU idles from the start event until the wrapper has validated its
-    arguments and launched (measured on the H200: ~60 us per kv_store call, 10% of a 1M-row launch).
+    Before each start event the GPU gets a spin kernel that outlasts the host side of ``fn`` (queued
+    after the L2 flush when there is one: the flush alone can take less time than the host work): the
+    start event is then stamped when the spin ends, after ``fn``'s kernels are already queued. Without
+    it the GPU idles from the start event until the wrapper has validated its arguments and launched
+    (measured on the H200: ~60 us per kv_store call, 10% of a 1M-row launch).
     With ``flush_bytes`` an L2-sized buffer is overwritten before each launch so inputs smaller than
     the cache are not timed from it (the H200 L2 is 60 MiB).
     """
