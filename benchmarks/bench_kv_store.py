@@ -2,7 +2,7 @@
 torch.compile). Bytes = BF16 rows read + cache bytes written (no out_norm in these cases).
 
 The default variant (v3) is reported with the previous one (v2) as peer ``v2``. KV_STORE_SWEEP=1 also
-times v3's launch shapes in ``SWEEP`` (chunks, rows per thread) at 1M rows (lines ``SWEEP
+times v3's launch shapes in ``SWEEP`` (chunks, rows per thread, min CTAs per SM) at 1M rows (lines ``SWEEP
 kv_store ...``; tuning data for ``tilelang_ops.kv_store.CHUNKS`` / ``ROWS_PER_THREAD_V3``, not reported)."""
 
 from __future__ import annotations
@@ -61,29 +61,49 @@ def run(h: Harness) -> None:
         sweep()
 
 
-# (chunks per lane, rows per thread)
-SWEEP = ((2, 1), (2, 2), (4, 1))
+# (chunks per lane, rows per thread, min CTAs per SM) per format. The min-CTAs entries cap registers
+# (sm_90a, 128 threads, no spill unless noted): fp8 R=2 119 -> 96 (48 B stack); R=1 90 -> 79 (6) / 72
+# (7, 32 B stack); fp4 R=1 90 -> 80 (6) / 72 (7, 32 B); fp4 index R=1 102 -> 96 (5, 8 B); bf16 R=2 120 -> 96.
+SWEEP = {"fp8_main": ((2, 2, 0), (2, 2, 5), (2, 1, 0), (2, 1, 6), (2, 1, 7)),
+         "fp4_main": ((2, 1, 0), (2, 1, 6), (2, 1, 7), (2, 2, 5)),
+         "fp4_index": ((2, 1, 0), (2, 1, 5), (2, 1, 6)),
+         "bf16": ((2, 2, 0), (2, 2, 5))}
+
+
+def _warm(item):
+    from tilelang_ops.kv_store import kv_store_kernel_v3
+
+    kv_store_kernel_v3(*item)
 
 
 def sweep() -> None:
-    """v3's launch shapes in SWEEP, every format at 1M rows."""
+    """v3's launch shapes in SWEEP at 1M rows (kernels compiled first, in parallel processes)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
 
     rows = 1 << 20
+    items = [(fmt.name, 64, True, hadamard, False, ROWS_PER_BLOCK if fmt.block_sections else 1, "bfloat16",
+              "int64", "int64", rpt, chunks, mc)
+             for fmt, hadamard in FORMATS for chunks, rpt, mc in SWEEP[fmt.name]]
+    spawn = multiprocessing.get_context("spawn")  # the parent may hold a CUDA context already
+    with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1), mp_context=spawn) as ex:
+        list(ex.map(_warm, items))
     for fmt, hadamard in FORMATS:
         kv, w, cos, sin, pos, slots, cache = _inputs(fmt, rows)
         args = (kv, w, 1e-6, cos, sin, pos, slots, cache, fmt)
         del kv, cache
         nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
-        for chunks, rpt in SWEEP:
-            env = {"KV_STORE_ROWS_PER_THREAD": rpt, "KV_STORE_CHUNKS": chunks}
+        for chunks, rpt, mc in SWEEP[fmt.name]:
+            env = {"KV_STORE_ROWS_PER_THREAD": rpt, "KV_STORE_CHUNKS": chunks, "KV_STORE_MIN_CTAS": mc}
             os.environ.update({k: str(v) for k, v in env.items()})
             try:
                 us = _time_kernel(norm_rope_hadamard_cast_store, args, hadamard)
             finally:
                 for k in env:
                     del os.environ[k]
-            print(f"SWEEP {OP} {fmt.name}_rows{rows} chunks={chunks} rows_per_thread={rpt} "
+            print(f"SWEEP {OP} {fmt.name}_rows{rows} chunks={chunks} rows_per_thread={rpt} min_ctas={mc} "
                   f"us={us:.1f} GBps={nbytes / us / 1e3:.0f}", flush=True)
         args = None  # free the cache before the next case's allocation
         torch.cuda.empty_cache()

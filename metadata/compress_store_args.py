@@ -62,7 +62,7 @@ def _store_checks(projected_kv, rows, dim, norm_weight, eps, cos, sin, positions
                   fmt, out_norm, rope_dim, interleaved) -> StoreGeometry:
     # The store checks take the compressed rows [rows, D] bf16, which the fused op never materializes:
     # a stride-0 view with that shape, dtype and device stands in for them (no allocation of rows).
-    stand_in = projected_kv.new_zeros((), dtype=torch.bfloat16).expand(rows, dim)
+    stand_in = projected_kv.new_empty((), dtype=torch.bfloat16).expand(rows, dim)
     return check_store_args(stand_in, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
                             rope_dim=rope_dim, interleaved=interleaved, hadamard=False, out_norm=out_norm)
 

@@ -37,7 +37,8 @@ the copy roofline), fp4 703 -> 553 (0.59), fp4 index 246 -> 210 (0.39), bf16 597
 time fell less than the instruction count: the fp8 kernel is now partly latency-bound (ncu: 22%
 achieved occupancy, a warp eligible 64% of cycles), fp4 still issue-bound (77%). A persistent grid
 (a fixed grid striding over the row groups, loading group i + 1 before storing group i) was tried,
-GPU-verified and measured no better (bench_results/h200.txt), and removed.
+GPU-verified and measured no better (bench_results/h200.txt), and removed. ``MIN_CTAS_V3`` caps the
+registers at 96 (five CTAs per SM): 2-8% faster at 1M rows (fp8 539 us, fp4 516, fp4 index 200, bf16 581).
 "v2" is v1 with fewer SASS instructions (``make_row_store(fast=True)``): the sum of squares as FFMAs
 (x is BF16-valued, so x*x is exact in FP32 and ``ss + x*x`` rounds once either way; only products
 below 2^-126, |x| < 2^-63, are inexact as FMULs, which can matter only when eps ~ 0 and a whole
@@ -466,15 +467,16 @@ def kv_store_kernel_v2(fmt_name: str, rope_dim: int, interleaved: bool, hadamard
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
 def kv_store_kernel_v3(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: bool, has_out_norm: bool,
                        rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str,
-                       rows_per_thread: int = 1, chunks: int = 2):
-    """Variant v3: v2's arithmetic with ``chunks`` 16-element chunks per lane (``make_row_store``)."""
+                       rows_per_thread: int = 1, chunks: int = 2, min_ctas: int = 0):
+    """Variant v3: v2's arithmetic with ``chunks`` 16-element chunks per lane (``make_row_store``);
+    ``min_ctas`` > 1 caps registers so that many CTAs fit an SM (``__launch_bounds__``)."""
     return _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
                           weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=True, chunks=chunks,
-                          e2m1_fma=True)
+                          e2m1_fma=True, min_ctas=min_ctas)
 
 
 def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block, weight_dtype,
-                   pos_dtype, slot_dtype, rows_per_thread, fast, chunks=1, e2m1_fma=False):
+                   pos_dtype, slot_dtype, rows_per_thread, fast, chunks=1, e2m1_fma=False, min_ctas=0):
     """``rows_per_thread`` (R): each thread stores R rows, ``rows_per_cta`` apart, so a CTA covers
     R * rows_per_cta consecutive rows; all R rows' loads are issued before the first row's math
     (R times the bytes in flight) and the lane's weights are loaded and converted once. ``chunks`` (C):
@@ -536,6 +538,8 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
         capacity: T.int64,  # slots in the cache (v3; v1 / v2 derive it from cache_bytes, as verified)
     ):
         with T.Kernel(T.ceildiv(rows, rows_per_cta * R), threads=THREADS) as bx:
+            if min_ctas > 1:
+                T.annotate_min_blocks_per_sm(min_ctas)
             tx = T.get_thread_binding()
             lane = tx % lanes
             xb = T.alloc_local([R * C * VEC], "bfloat16")
@@ -569,6 +573,11 @@ VARIANT = "v3"
 KERNELS = {"v1": kv_store_kernel, "v2": kv_store_kernel_v2, "v3": kv_store_kernel_v3}
 # v3: 16-element chunks per lane (KV_STORE_CHUNKS overrides, for the benchmark's sweep)
 CHUNKS = {"fp8_main": 2, "fp4_main": 2, "fp4_index": 2, "bf16": 2}
+# v3: minimum CTAs per SM for __launch_bounds__ (0: the compiler's register choice; KV_STORE_MIN_CTAS
+# overrides, for the benchmark's sweep). 5 caps registers at 96 (20 warps per SM instead of 16); at 1M
+# rows on the H200 (us, none -> 5): fp8 R=2 547 -> 539, fp4 R=1 559 -> R=2 516, fp4 index R=1 212 -> 200,
+# bf16 R=2 602 -> 581. 6 or 7 (80 / 72 registers) spill more and were slower except fp4 R=1.
+MIN_CTAS_V3 = {"fp8_main": 5, "fp4_main": 5, "fp4_index": 5, "bf16": 5}
 
 
 def chunks_for(variant: str, fmt: KVCacheFormat, rope_dim: int = 64, interleaved: bool = True) -> int:
@@ -594,7 +603,8 @@ def static_args(variant: str, fmt: KVCacheFormat, static: tuple, rope_dim: int =
                 interleaved: bool = True) -> tuple:
     """The kernel factory's static arguments: ``static`` (format .. rows per thread) plus v3's chunks."""
     if variant == "v3":
-        return static + (chunks_for(variant, fmt, rope_dim, interleaved),)
+        min_ctas = int(os.environ.get("KV_STORE_MIN_CTAS", MIN_CTAS_V3[fmt.name]))
+        return static + (chunks_for(variant, fmt, rope_dim, interleaved), min_ctas)
     return static
 
 
@@ -603,9 +613,9 @@ def static_args(variant: str, fmt: KVCacheFormat, static: tuple, rope_dim: int =
 # launches (latency-bound: every row's chain is serial within a thread) always use 1. The benchmark's
 # KV_STORE_SWEEP=1 times R = 1, 2, 4 through KV_STORE_ROWS_PER_THREAD (read here, for that sweep).
 ROWS_PER_THREAD = {"fp8_main": 2, "fp4_main": 1, "fp4_index": 1, "bf16": 2}
-# v3 at 1M rows on the H200 (us, chunks 2, R = 1 / 2): fp8 644 / 609, fp4 623 / 628, fp4 index 260 / 288,
-# bf16 717 / 657 (4 chunks, R = 1: 754, 641, 340, 688)
-ROWS_PER_THREAD_V3 = {"fp8_main": 2, "fp4_main": 1, "fp4_index": 1, "bf16": 2}
+# v3 at 1M rows on the H200 (us, chunks 2, R = 1 / 2, old harness): fp8 644 / 609, fp4 623 / 628, fp4 index
+# 260 / 288, bf16 717 / 657 (4 chunks, R = 1: 754, 641, 340, 688); with MIN_CTAS_V3 fp4 prefers R = 2.
+ROWS_PER_THREAD_V3 = {"fp8_main": 2, "fp4_main": 2, "fp4_index": 1, "bf16": 2}
 MULTI_ROW_MIN_ROWS = 32768
 
 

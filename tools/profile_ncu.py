@@ -32,6 +32,16 @@ def _compress_store(fmt, variant=None):
     return lambda: compress_store_prefill(*args, **kw, variant=variant)
 
 
+def _compress_store_decode(batch, q, variant=None):
+    from benchmarks.bench_compress_store import _decode
+    from tilelang_ops.compress_store import compress_store_decode, two_kernel_decode
+
+    args, kw, _ = _decode(batch, q, FP8_MAIN_KV_FORMAT)
+    if variant == "two_kernel":
+        return lambda: two_kernel_decode(*args, **kw)
+    return lambda: compress_store_decode(*args, **kw, variant=variant)
+
+
 def _topk(b, n, k, dist="randn"):
     from tests.test_topk import make_scores
     from tilelang_ops.topk import topk
@@ -48,6 +58,9 @@ CASES = {
     "kv_store:fp8_v1": lambda: _kv_store(FP8_MAIN_KV_FORMAT, False, variant="v1"),
     "compress_store:fp8": lambda: _compress_store(FP8_MAIN_KV_FORMAT),
     "compress_store:fp8_v1": lambda: _compress_store(FP8_MAIN_KV_FORMAT, variant="v1"),
+    "compress_store:b64q6": lambda: _compress_store_decode(64, 6),
+    "compress_store:b64q6_two_kernel": lambda: _compress_store_decode(64, 6, "two_kernel"),
+    "compress_store:b4096q6": lambda: _compress_store_decode(4096, 6),
     "topk:b128": lambda: _topk(128, 131072, 2048),
     "topk:b64": lambda: _topk(64, 32768, 2048),
     "topk:b1": lambda: _topk(1, 65536, 2048),
