@@ -78,6 +78,7 @@ V2_WARPS = 4  # v2 prefill warps per CTA
 V2_ROWS_PER_WARP = 8  # v2 prefill rows per warp (the pipeline's depth in time: one prologue per warp)
 V2_MIN_CTAS_PER_SM = 3  # v2 prefill __launch_bounds__ minimum (<= 168 registers: 12 warps per SM)
 V2_DECODE_WARPS = 4
+V2_FAST = True  # the store macro's fast arithmetic (kv_store v3's: FFMA sum of squares, FMA e2m1), same bytes
 V2_EARLY_WEIGHT_MAX_TOKENS = 2048  # decode launches up to ~one wave of warps load the weight up front
 # Bounds are explicit in the v2 kernels (every index is checked or clamped before its access), so
 # TileLang's per-access guards, which also re-evaluate 64-bit ring modulos per vector, are off.
@@ -403,7 +404,7 @@ def compress_store_decode_kernel(fmt_name: str, r: int, rope_dim: int, interleav
 def compress_store_prefill_kernel_v2(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
                                      has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
                                      rows_per_warp: int = V2_ROWS_PER_WARP, warps: int = V2_WARPS,
-                                     min_ctas_per_sm: int = V2_MIN_CTAS_PER_SM):
+                                     min_ctas_per_sm: int = V2_MIN_CTAS_PER_SM, fast: bool = V2_FAST):
     """v2 of ``compress_store_prefill_kernel``: same rows, same bits, a software pipeline per warp.
 
     Iteration k of a warp (rows ``first_row + k``): A) the gated mean of row k-1 from the registers
@@ -412,6 +413,8 @@ def compress_store_prefill_kernel_v2(fmt_name: str, r: int, rope_dim: int, inter
     norm / RoPE / cast / store and, for a request's first row, the ring refresh. So the HBM loads of
     row k are in flight during row k-1's store math instead of after it. The weight is loaded and
     converted once per warp. Ring entries are int32 (one modulo per entry, not per vector access).
+    ``fast`` (default ``V2_FAST``): ``make_row_store(fast=True, e2m1_fma=True)``, the store kernel's own
+    v3 arithmetic (same bytes; CPU emulation bitwise on every case of tools/check_compress_store_emu.py).
     """
     fmt = _FORMATS[fmt_name]
     dim = fmt.dim
@@ -421,7 +424,7 @@ def compress_store_prefill_kernel_v2(fmt_name: str, r: int, rope_dim: int, inter
     half = rope_dim // 2
     wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte weight loads
     row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype,
-                               weight_in_registers=True)
+                               weight_in_registers=True, fast=fast, e2m1_fma=fast)
     gated_mean = make_gated_mean_v2(r)
     load_token, load_ring, store_ring = make_row_io(dim)
     num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos = T.dynamic(
@@ -573,7 +576,8 @@ def compress_store_prefill_kernel_v2(fmt_name: str, r: int, rope_dim: int, inter
 @tilelang.jit(pass_configs=V2_PASS_CONFIGS)
 def compress_store_decode_kernel_v2(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
                                     has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
-                                    warps: int = V2_DECODE_WARPS, early_weight: bool = False):
+                                    warps: int = V2_DECODE_WARPS, early_weight: bool = False,
+                                    fast: bool = V2_FAST):
     """v2 of ``compress_store_decode_kernel``: same rows, same bits, fewer dependent memory trips.
 
     ``early_weight`` (small launches, latency-bound): the norm weight is loaded with the first trip and
@@ -585,13 +589,14 @@ def compress_store_decode_kernel_v2(fmt_name: str, r: int, rope_dim: int, interl
     the group's in-step inputs; only a group whose earlier inputs were written by an earlier step
     (e.g. every single-token decode) goes back to memory for ring entries. int32 ring entries (one
     modulo per entry), one expf per channel for r = 2, explicit bounds (no per-access guards).
+    ``fast``: the store macro's fast arithmetic, as in ``compress_store_prefill_kernel_v2``.
     """
     fmt = _FORMATS[fmt_name]
     dim = fmt.dim
     assert dim == WARP * VEC, dim
     half = rope_dim // 2
     row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype,
-                               weight_in_registers=early_weight)
+                               weight_in_registers=early_weight, fast=fast, e2m1_fma=fast)
     wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte weight loads
     gated_mean = make_gated_mean_v2(r)
     load_token, load_ring, store_ring = make_row_io(dim)
@@ -751,7 +756,7 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
         launch = _prefill_kernel(*static, PREFILL_ROWS_PER_WARP, WARPS)
     else:
         rpw = V2_ROWS_PER_WARP if dims.store.rows >= V2_MANY_ROWS else max(1, V2_ROWS_PER_WARP // 2)
-        launch = _prefill_kernel_v2(*static, rpw, V2_WARPS, V2_MIN_CTAS_PER_SM)
+        launch = _prefill_kernel_v2(*static, rpw, V2_WARPS, V2_MIN_CTAS_PER_SM, V2_FAST)
     launch(
         projected_kv.contiguous(), state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(),
         state_block_idx.contiguous(), cu_compressed.contiguous(), norm_weight.contiguous(), cos.contiguous(),
@@ -781,7 +786,8 @@ def compress_store_decode(projected_kv, state_cache, context_lens, state_block_i
         return
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
     launch = (_decode_kernel(*static, DECODE_WARPS) if _variant(variant) == "v1"
-              else _decode_kernel_v2(*static, V2_DECODE_WARPS, dims.store.rows <= V2_EARLY_WEIGHT_MAX_TOKENS))
+              else _decode_kernel_v2(*static, V2_DECODE_WARPS, dims.store.rows <= V2_EARLY_WEIGHT_MAX_TOKENS,
+                                     V2_FAST))
     launch(
         projected_kv.contiguous(), state_cache, context_lens.contiguous(), state_block_idx.contiguous(),
         norm_weight.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous(),

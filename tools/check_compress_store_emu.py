@@ -153,7 +153,9 @@ if __name__ == "__main__":
         v1 = run_emu("v1", case, meta, x, state0, p, cache0, v1_shape, "forward")
         d_ref1 = [diff(a, b) for a, b in zip(v1, want)]
         line = [f"{case.id}: rows={meta.num_rows['2']} v1~ref={d_ref1}"]
-        for shape in v2_shapes:
+        f = not cs.V2_FAST  # the other store arithmetic (make_row_store(fast=...)) than the default's
+        other = [(8, 4, 3, f)] if case.prefill else [(4, False, f), (4, True, f)]
+        for shape in v2_shapes + other:
             for order in ("forward", "reverse", "random"):
                 got = run_emu("v2", case, meta, x, state0, p, cache0, shape, order, seed=len(line))
                 d1 = [diff(a, b) for a, b in zip(got, v1)]

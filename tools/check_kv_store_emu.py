@@ -17,22 +17,10 @@ os.environ.setdefault("TILELANG_CACHE_DIR", "/tmp/tlcache")
 import torch  # noqa: E402
 
 import tilelang_ops.kv_store as K  # noqa: E402
-import tools.cuda_emu as cuda_emu  # noqa: E402
 from reference.kv_store import norm_rope_hadamard_cast_store_ref, norm_rope_hadamard_cast_store_torch  # noqa: E402
 from tests.test_kv_store import StoreCase, make_inputs  # noqa: E402
 from tilelang_ops.build import compile_for_sm90  # noqa: E402
 from tools.cuda_emu import WORK, Emu  # noqa: E402
-
-# helpers the kv_store sources use beyond compress_store's (appended to the shared shim, not edited there)
-cuda_emu.SHIM += r"""
-inline uint __pack_nv_bfloat162(bfloat16_t a, bfloat16_t b) { return (uint)a.bits | ((uint)b.bits << 16); }
-inline uint4 make_uint4(uint a, uint b, uint c, uint d) { return {a, b, c, d}; }
-inline uint2 make_uint2(uint a, uint b) { return {a, b}; }
-inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-inline uint __funnelshift_r(uint lo, uint hi, uint sh) {
-  return (uint)((((unsigned long long)hi << 32) | lo) >> (sh & 31));
-}
-"""
 
 SRC = f"{WORK}/kv_src"  # generated sources, keyed by variant + static arguments + a hash of kv_store.py
 os.makedirs(SRC, exist_ok=True)

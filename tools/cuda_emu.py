@@ -71,6 +71,14 @@ inline float max(float a, float b) { return std::fmax(a, b); }
 inline float min(float a, float b) { return std::fmin(a, b); }
 template <class A, class B> inline typename std::common_type<A, B>::type max(A a, B b) { typedef typename std::common_type<A, B>::type C; return (C)a > (C)b ? (C)a : (C)b; }
 template <class A, class B> inline typename std::common_type<A, B>::type min(A a, B b) { typedef typename std::common_type<A, B>::type C; return (C)a < (C)b ? (C)a : (C)b; }
+// the store macro's fast paths (make_row_store(fast=True, e2m1_fma=True))
+inline uint __pack_nv_bfloat162(bfloat16_t a, bfloat16_t b) { return (uint)a.bits | ((uint)b.bits << 16); }
+inline uint4 make_uint4(uint a, uint b, uint c, uint d) { return {a, b, c, d}; }
+inline uint2 make_uint2(uint a, uint b) { return {a, b}; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline uint __funnelshift_r(uint lo, uint hi, uint sh) {
+  return (uint)((((unsigned long long)hi << 32) | lo) >> (sh & 31));
+}
 template <class T> inline T __shfl_xor_sync(uint, T v, int m, int) {
   static_assert(sizeof(T) <= 8, ""); Warp* w = t_warp; int lane = threadIdx.x & 31;
   uint64_t b = 0; memcpy(&b, &v, sizeof(T)); w->slot[lane] = b; w->bar->arrive_and_wait();
