@@ -1,7 +1,8 @@
 """topk benchmarks: the TileLang radix select vs torch.topk (the peer, also reported as eager).
 
 `us` is the default kernel variant (tilelang_ops.topk.TOPK_VARIANT); the GPU-verified variant "v1" is
-timed on the same input and reported as the peer `v1` (x_v1 > 1: the default is faster).
+timed on the same input and reported as the peer `v1` (x_v1 > 1: the default is faster), and so is v3
+(peer `v3`, reported as v3_us) while it is not the default.
 
 Bytes = b * n * bytes per score (one read of the scores; the k outputs are negligible). Each shape runs
 for randn and for the adversarial distributions (case suffix), since a radix select's speed depends on
@@ -22,6 +23,7 @@ OP = "topk"
 SHAPES = [(128, 131072, 2048), (64, 32768, 2048), (1, 65536, 2048), (64, 8192, 512)]
 DISTS = {"": "randn", "_conc": "conc", "_tiny": "tiny", "_equal": "equal", "_few": "few",
          "_sorted": "sorted"}
+PEER_VARIANTS = ("v1", "v3")  # timed next to the default (whichever is not the default)
 
 
 def _scores(dist, b, n):
@@ -40,6 +42,16 @@ def _variant(name):
         topk_mod.TOPK_VARIANT = saved
 
 
+def _peers(fn, flush) -> dict:
+    """Times of fn under each peer variant that is not the default (keys: the variant names)."""
+    out = {}
+    for name in PEER_VARIANTS:
+        if name != topk_mod.TOPK_VARIANT:
+            with _variant(name):
+                out[name] = time_us(fn, flush_bytes=flush)
+    return out
+
+
 def run(h) -> None:
     for b, n, k in SHAPES:
         for suffix, dist in DISTS.items():
@@ -47,11 +59,10 @@ def run(h) -> None:
             case = f"b{b}n{n}k{k}{suffix}"
             flush = 256 << 20  # scores are re-read from HBM each launch, not from L2
             us = time_us(lambda x=x, k=k: topk(x, k, return_value=False), flush_bytes=flush)
-            with _variant("v1"):
-                v1_us = time_us(lambda x=x, k=k: topk(x, k, return_value=False), flush_bytes=flush)
+            peers = _peers(lambda x=x, k=k: topk(x, k, return_value=False), flush)
             torch_us = time_us(lambda x=x, k=k: torch.topk(x, k, dim=1, sorted=False), flush_bytes=flush)
             h.report(OP, case, b * n * x.element_size(), us, eager_us=torch_us,
-                     peers={"v1": v1_us, "torch_topk": torch_us})
+                     peers={**peers, "torch_topk": torch_us})
     # the fused scores -> slots path on the decode shape
     b, n, k = 64, 32768, 2048
     x = _scores("randn", b, n)
@@ -59,8 +70,7 @@ def run(h) -> None:
     end = torch.full((b,), n, dtype=torch.int32, device="cuda")
     slots = lambda: topk_to_slots(x, k, end=end, block_size_c=64, block_tables=table)  # noqa: E731
     us = time_us(slots, flush_bytes=256 << 20)
-    with _variant("v1"):
-        v1_us = time_us(slots, flush_bytes=256 << 20)
+    peers = _peers(slots, 256 << 20)
     torch_us = time_us(lambda: torch.topk(x, k, dim=1, sorted=False), flush_bytes=256 << 20)
     h.report(OP, f"slots_b{b}n{n}k{k}", b * n * 4, us, eager_us=torch_us,
-             peers={"v1": v1_us, "torch_topk": torch_us})
+             peers={**peers, "torch_topk": torch_us})

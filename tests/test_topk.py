@@ -48,6 +48,17 @@ def make_scores(dist: str, b: int, n: int, dtype=torch.float32, device="cpu", se
         x = torch.sort(torch.randn(b, n, generator=g), dim=1, descending=True).values
     elif dist == "ascending":
         x = torch.sort(torch.randn(b, n, generator=g), dim=1).values
+    elif dist == "ties50":  # 50 distinct values: a sampled threshold bin holds several large tie groups
+        x = torch.randint(0, 50, (b, n), generator=g).float()
+    elif dist in ("sampled", "unsampled"):
+        # against a sampled threshold estimate (runs of 32 entries every n // 256, as the kernels sample):
+        # 100 + randn on exactly the sampled runs (the estimate is too high) or on entries 64..127 of
+        # every 256, none of them sampled (the estimate is too low: far more candidates than slots)
+        x = torch.randn(b, n, generator=g)
+        step = max(n // 256, 1)
+        col = torch.arange(n) % step
+        hot = col < 32 if dist == "sampled" else (col >= 64) & (col < 128)
+        x = torch.where(hot[None, :], x + 100, x)
     elif dist == "special":  # NaN, +-inf, signed zeros, denormals sprinkled over randn
         x = torch.randn(b, n, generator=g)
         pick = torch.randint(0, 8, (b, n), generator=g)
@@ -165,6 +176,20 @@ def test_non_contiguous_rows():
         rv, ri = topk_ref(x.contiguous(), 9, sorted=True)
         compare_bitwise("indices", i, ri).check()
         compare_bitwise("values", v, rv).check()
+
+
+def test_sample_adversarial_generators():
+    # the kernels sample runs of 32 at every n // 256 entries: "sampled" puts the hot (+100) entries
+    # exactly there, "unsampled" only between them (else the GPU cases would not test what they claim)
+    n = 65536
+    sampled = torch.tensor([r * (n // 256) + lane for r in range(256) for lane in range(32)])
+    for dist, want in (("sampled", True), ("unsampled", False)):
+        x = make_scores(dist, 2, n)
+        hot = x > 50
+        assert bool(hot[:, sampled].all()) == want and bool(hot[:, sampled].any()) == want
+        assert int(hot.sum()) == 2 * 256 * (32 if want else 64)
+    x = make_scores("ties50", 2, 1000)
+    assert torch.unique(x).numel() == 50
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -449,10 +474,11 @@ def test_wrappers_reject_cpu_tensors_and_bad_args():
 def test_build_sm90():
     from tilelang_ops.topk import TOPK_VARIANT, build_all
 
-    # one configuration per code path, for the default variant and the v1 fallback (all: `make diff`)
+    # one configuration per code path, for the default variant, the v1 fallback and v3 (all: `make diff`)
     built = build_all(quick=True)
     assert len(built) >= 8
     assert f"topk fp32 uncached {TOPK_VARIANT}" in built and "topk fp32 uncached v1" in built
+    assert "topk fp32 uncached v3" in built and "topk_to_slots fp32 cand16 Bc64 v3" in built
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -536,8 +562,8 @@ def test_gpu_topk_exact(case):
         compare_bitwise("values vs loop", v, lv).check()
 
 
-# Both kernel variants on a subset (v1: GPU-verified fallback; v2: the default, see tilelang_ops.topk):
-# a failure here names the variant, so the default can be flipped back to "v1" with confidence.
+# Every kernel variant on a subset (v1: GPU-verified fallback; v2: the default; v3: its own factory, see
+# tilelang_ops.topk): a failure here names the variant, so the default can be flipped with confidence.
 VARIANT_CASES = [
     GpuCase("randn", 7, 2048, 512, "random"),
     GpuCase("special", 7, 100, 16, "random", "bf16", "sorted"),
@@ -558,11 +584,22 @@ VARIANT_CASES = [
     GpuCase("few", 1, 1 << 20, 4096, "random", "bf16"),
     GpuCase("special", 3, 200000, 3000, "random", "bf16"),
     GpuCase("randn", 4096, 2048, 64, "random"),
+    # against the sampled estimate (v3: too high -> radix passes over the row; too low -> more candidates
+    # than slots) and 50-way ties in the sampled bin (candidates overflow with min < max)
+    GpuCase("sampled", 8, 65536, 2048),
+    GpuCase("unsampled", 8, 65536, 2048, "random"),
+    GpuCase("unsampled", 16, 32768, 2048),
+    GpuCase("ties50", 8, 131072, 2048),
+    GpuCase("ties50", 64, 20000, 512, "random", mode="sorted_index"),
+    GpuCase("unsampled", 2, 1 << 18, 4096, "random", "bf16"),
+    GpuCase("randn", 64, 8192, 512),
+    GpuCase("equal", 8, 50000, 1),
 ]
+VARIANT_NAMES = ["v1", "v2", "v3"]
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", ["v1", "v2"])
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
 @pytest.mark.parametrize("case", VARIANT_CASES, ids=case_id)
 def test_gpu_topk_variant_exact(case, variant, monkeypatch):
     import tilelang_ops.topk as tk
@@ -579,7 +616,7 @@ def test_gpu_topk_variant_exact(case, variant, monkeypatch):
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", ["v1", "v2"])
+@pytest.mark.parametrize("variant", VARIANT_NAMES)
 def test_gpu_topk_to_slots_variant(variant, monkeypatch):
     import tilelang_ops.topk as tk
 
@@ -598,7 +635,7 @@ def test_gpu_topk_to_slots_variant(variant, monkeypatch):
 def test_topk_variant_names():
     import tilelang_ops.topk as tk
 
-    assert tk.TOPK_VARIANT in tk.VARIANTS and "v1" in tk.VARIANTS
+    assert tk.TOPK_VARIANT in tk.VARIANTS and "v1" in tk.VARIANTS and set(VARIANT_NAMES) == set(tk.VARIANTS)
     with pytest.raises(ValueError, match="variant"):
         tk.topk_kernel.get_tir("float32", "int32", "int32", 0, True, False, -1, float("-inf"), "topk", 0, 1,
                                "v9")

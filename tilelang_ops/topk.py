@@ -28,6 +28,15 @@ Top-k algorithm (one CTA of 1024 threads per row), exact and deterministic:
   the lower index. The write position is the ordered count of taken lanes before it, so the output is in
   **ascending index order** (unsorted and ``sorted_index`` are the same thing here); ``sorted=True``
   sorts the k lanes afterwards with a stable torch sort on the same key (extra launches).
+* Variant v3 (`topk_kernel_v3`, same output contract): no row cache; rows above the candidate capacity
+  sample a bound `thr` as above, then ONE read of the row compacts the keys >= thr in any order (one
+  shared counter add per warp, no ordered scans, no per-tile barrier) and counts them exactly together
+  with their [min, max]. With >= k of them the threshold lies in [min, max] (nothing is above max), so
+  all-equal and few-distinct rows are done at once (min == max). The radix passes then run on the list
+  (<= CAND keys) or, when it overflowed or the bound was too high, on the row (compacting once the keys
+  >= lo fit). Final lanes: over the list, per window of 65536 indices, bitmaps of the taken and tied
+  indices and a block scan of their word popcounts give each winner its ascending-index lane
+  (taken before + min(ties before, kk)); over the row, the ordered pass stops once all k lanes are found.
 * Lanes [min(k, end), k) get the fills; `end` is clamped to [0, n] in the kernel so a bad `end` can
   never read outside the row (the value check runs under TILELANG_OPS_DEBUG=1).
 """
@@ -78,7 +87,8 @@ SMALL_CACHE = 4096  # short rows use a 16 KiB cache so several CTAs fit on an SM
 #   read); when the exact count is in [k, CAND] all three radix passes and the ordered pass run on that
 #   list in shared memory, else the passes read the row cache / the row as in v1 (one extra read).
 #   The generated v1 code is unchanged (its TIR equals the GPU-verified kernel's, unused vars aside).
-VARIANTS = ("v1", "v2")
+# * "v3": its own factory `topk_kernel_v3` (see the comment above it); selected like the others.
+VARIANTS = ("v1", "v2", "v3")
 TOPK_VARIANT = "v2"  # what topk / topk_to_slots launch; "v1" is the fallback
 
 
@@ -101,8 +111,8 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
     """mode "topk": indices (+ values); mode "slots": indices -> candidate restore (cand_bs > 0) ->
     physical slots through the block table, all in the epilogue of the ordered pass.
     variant "v1": the GPU-verified kernel; "v2": same algorithm, cheaper on-chip work (see VARIANTS)."""
-    if variant not in VARIANTS:
-        raise ValueError(f"topk variant must be one of {VARIANTS}, got {variant!r}")
+    if variant not in ("v1", "v2"):  # v3 is its own factory (topk_kernel_v3; _topk_jit picks it)
+        raise ValueError(f"topk_kernel variant must be 'v1' or 'v2' (of {VARIANTS}), got {variant!r}")
     total = T.dynamic("total", "int64")  # flat scores storage: (b - 1) * ld + n elements
     b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
     nc, mb = T.dynamic("nc, mb")
@@ -779,6 +789,505 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
     return kernel
 
 
+# ----------------------------------------------------------------------------------------------------
+# Variant "v3": its own factory (safe-memory legalization off: every global index is bounded by the
+# clamped `end` or by k), same contract and key as v1 / v2. What changes (see the module docstring):
+# unordered candidate compaction (one shared counter, warp-aggregated adds, no block scans or
+# barriers per tile), [lo, hi] taken straight from the candidates' [min, max] (all-equal / few-distinct
+# rows finish without a radix pass), a final rank by index over the short list through index bitmaps,
+# an early exit of the ordered pass over the row, and no row cache.
+V3_BMW = 2048  # bitmap words per class (taken / tie): ranks are computed over windows of 65536 indices
+V3_ROUNDS = PASSES + 2  # first compaction, <= 3 radix passes, at most one fallback compaction
+
+
+def _v3_cand_cap(cache_cap: int) -> int:
+    """Candidate slots of v3 (rows up to this many entries are compacted whole, without a sample)."""
+    return SMALL_CACHE if cache_cap == SMALL_CACHE else CAND
+
+
+def _key(bits):
+    """Order-preserving uint32 key of fp32 bits (-0.0 -> +0.0, every NaN -> 0xFFFFFFFF)."""
+    b = T.if_then_else(bits == T.uint32(0x80000000), T.uint32(0), bits)
+    return T.if_then_else((b & T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000), T.uint32(0xFFFFFFFF),
+                          T.if_then_else(b >= T.uint32(0x80000000), ~b, b | T.uint32(0x80000000)))
+
+
+@tilelang.jit(pass_configs={**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
+def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: str = "int32",
+                   cache_cap: int = 0, with_values: bool = True, with_offset: bool = False,
+                   idx_fill: int = -1, val_fill: float = float("-inf"), mode: str = "topk",
+                   cand_bs: int = 0, block_c: int = 1):
+    """Variant v3 of `topk_kernel` (same arguments but the variant; see VARIANTS)."""
+    total = T.dynamic("total", "int64")  # flat scores storage: (b - 1) * ld + n elements
+    b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
+    nc, mb = T.dynamic("nc, mb")
+    cap = _v3_cand_cap(cache_cap)  # candidate slots
+    bmw = V3_BMW if cache_cap == 0 else cache_cap // 32  # bitmap words per class: the row tiers need one
+    win = bmw * 32  # indices per rank window
+    wpt = max(1, bmw // THREADS)  # bitmap words per thread in the rank scan
+    ZERO, KEY_MAX, NO_BIN = T.uint32(0), T.uint32(0xFFFFFFFF), T.uint32(0xFFFFFFFF)
+    TIE = 1 << 16  # packed counts: taken-for-sure in the low 16 bits, ties above
+    CLS_TAKE, CLS_TIE, CNT_MASK = 1 << 28, 1 << 29, (1 << 28) - 1
+
+    def raw(scores, i):
+        return T.reinterpret("uint32", T.Cast("float32", scores[i]))
+
+    @T.macro
+    def emit(scores, offset, cand, table, values, indices, row, base, pos, oi):
+        """Lane `pos` of the output gets row entry `oi` (index transform of the mode, value copy)."""
+        jj = T.alloc_var("int64")
+        jj = T.Cast("int64", oi)
+        if mode == "slots":
+            if cand_bs > 0:
+                blk = cand[row, T.min(oi // cand_bs, nc - 1)]
+                jj = T.if_then_else(T.Or(blk < 0, oi // cand_bs >= nc), T.int64(-1),
+                                    T.Cast("int64", blk) * cand_bs + oi % cand_bs)
+            if jj >= 0:
+                tb = table[row, T.Cast("int32", T.min(jj // block_c, mb - 1))]
+                jj = T.if_then_else(T.Or(tb < 0, jj // block_c >= mb), T.int64(-1),
+                                    T.Cast("int64", tb) * block_c + jj % block_c)
+        elif with_offset:
+            jj = jj + T.Cast("int64", offset[row])
+        indices[row, pos] = T.Cast(idx_dtype, jj)
+        if with_values:
+            values[row, pos] = scores[base + oi]
+
+    @T.prim_func
+    def kernel(
+        scores: T.Tensor((total,), in_dtype),  # [b, n] rows at stride ld, flattened
+        end: T.Tensor((nb_end,), "int32"),  # [b] (or [1] dummy when has_end == 0)
+        offset: T.Tensor((nb_off,), off_dtype),  # [b] (or [1] dummy)
+        cand: T.Tensor((b, nc), "int32"),  # [b, c] candidate blocks (slots mode) or [b, 1] dummy
+        table: T.Tensor((b, mb), "int32"),  # [b, max_blocks] block table (slots mode) or dummy
+        values: T.Tensor((nb_val, kv), in_dtype),  # [b, k] (or [1, 1] dummy)
+        indices: T.Tensor((b, k), idx_dtype),  # [b, k]
+        n: T.int32,
+        ld: T.int64,
+        has_end: T.int32,
+    ):
+        with T.Kernel(b, threads=THREADS) as row:
+            tx = T.get_thread_binding()
+            lane = tx % 32
+            warp = tx // 32
+            s_hist = T.alloc_shared([BINS], "int32")  # radix histogram; in the final rank: word prefixes
+            s_scan = T.alloc_shared([2, WARPS], "int32")
+            s_sel = T.alloc_shared([4], "int32")
+            s_mm = T.alloc_shared([2, WARPS], "uint32")  # per-warp min / max
+            s_cnt = T.alloc_shared([1], "int32")  # candidate counter
+            s_ck = T.alloc_shared([cap], "uint32")  # candidate keys (any order)
+            s_ci = T.alloc_shared([cap], "int32")  # their row indices
+            s_bm = T.alloc_shared([2 * bmw], "uint32")  # index bitmaps of one window: taken, ties
+            kb = T.alloc_local([UNROLL], "uint32")
+            kn = T.alloc_local([UNROLL], "uint32")  # raw bits of the next tile (loads in flight)
+            inl = T.alloc_local([UNROLL], "int32")
+
+            e = T.alloc_var("int32")
+            kk = T.alloc_var("int32")  # lanes still to find among the keys in [lo, hi]
+            done = T.alloc_var("int32")
+            take_all = T.alloc_var("int32")
+            src = T.alloc_var("int32")  # where the radix passes read keys: 0 the row, 2 the candidates
+            ne = T.alloc_var("int32")
+            cnt = T.alloc_var("int32")
+            compact = T.alloc_var("int32")  # 1: compact keys >= thr (sampled bound), 2: >= lo (fallback)
+            thr = T.alloc_var("uint32")
+            m = T.alloc_var("int32")
+            slot = T.alloc_var("int32")
+            lo = T.alloc_var("uint32")
+            hi = T.alloc_var("uint32")
+            lo_bin = T.alloc_var("uint32")
+            hi_bin = T.alloc_var("uint64")
+            sh = T.alloc_var("int32")
+            bv = T.alloc_var("uint32")
+            kmin = T.alloc_var("uint32")
+            kmax = T.alloc_var("uint32")
+            lt = T.alloc_var("uint32")
+            dm = T.alloc_var("uint32")
+            tm = T.alloc_var("uint32")
+            c = T.alloc_var("int32")
+            incl = T.alloc_var("int32")
+            tmp = T.alloc_var("int32")
+            wpre = T.alloc_var("int32")
+            wtot = T.alloc_var("int32")
+            h_hi = T.alloc_var("int32")
+            run_def = T.alloc_var("int32")
+            run_tie = T.alloc_var("int32")
+            d_before = T.alloc_var("int32")
+            t_before = T.alloc_var("int32")
+            pos = T.alloc_var("int32")
+            oi = T.alloc_var("int32")
+            kt = T.alloc_var("int32")
+            b0 = T.alloc_var("uint32")
+            wsum = T.alloc_var("int32")
+            cv = T.alloc_var("int32")
+            kx = T.alloc_var("uint32")
+            wd = T.alloc_var("uint32")
+            wt = T.alloc_var("uint32")
+
+            base = T.Cast("int64", row) * ld
+            lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)  # lanes below mine
+            e = n
+            if has_end != 0:
+                e = T.max(T.min(end[row], n), 0)  # clamp: a bad end never reads outside the row
+            take_all = T.if_then_else(e <= k, 1, 0)
+            done = take_all
+            kk = k
+            lo = ZERO
+            hi = KEY_MAX
+            src = 0
+            ne = e
+            compact = 1 - take_all
+            thr = ZERO  # rows up to `cap` entries: every entry is a candidate
+
+            # fills for the lanes beyond the valid count
+            for it in T.serial(T.ceildiv(k, THREADS)):
+                ln = it * THREADS + tx
+                if ln < k and ln >= T.min(e, k):
+                    indices[row, ln] = T.Cast(idx_dtype, idx_fill)
+                    if with_values:
+                        values[row, ln] = T.Cast(in_dtype, val_fill)
+            if take_all != 0:
+                # every valid entry is taken: lane i holds entry i (ascending index)
+                for q in T.serial(T.ceildiv(e, THREADS)):
+                    if q * THREADS + tx < e:
+                        emit(scores, offset, cand, table, values, indices, row, base, q * THREADS + tx,
+                             q * THREADS + tx)
+
+            if T.And(take_all == 0, e > cap):
+                # Longer rows: a lower bound thr of the threshold from a sample (256 runs of 32 spread
+                # over the row): the bin of its kt-th largest key, kt ~ 1.25x the expected winners. Used
+                # only if exactly counted k <= count (then every winner is >= thr).
+                for u in T.unroll(UNROLL):
+                    kb[u] = _key(raw(scores, base + (warp * UNROLL + u) * (e // (WARPS * UNROLL)) + lane))
+                kmin = KEY_MAX
+                kmax = ZERO
+                for u in T.unroll(UNROLL):
+                    kmin = T.min(kmin, kb[u])
+                    kmax = T.max(kmax, kb[u])
+                for o in (16, 8, 4, 2, 1):
+                    kmin = T.min(kmin, T.shfl_xor(kmin, o))
+                    kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                if lane == 0:
+                    s_mm[0, warp] = kmin
+                    s_mm[1, warp] = kmax
+                for q in T.serial(BINS // THREADS):
+                    s_hist[q * THREADS + tx] = 0
+                T.sync_threads()
+                kmin = s_mm[0, lane]
+                kmax = s_mm[1, lane]
+                for o in (16, 8, 4, 2, 1):
+                    kmin = T.min(kmin, T.shfl_xor(kmin, o))
+                    kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                thr = kmin
+                if kmin != kmax:
+                    sh = T.max(0, 21 - T.Cast("int32", T.clz(kmax - kmin)))
+                    for u in T.unroll(UNROLL):
+                        bv = (kb[u] - kmin) >> T.Cast("uint32", sh)
+                        b0 = T.shfl_sync(bv, 0)
+                        if T.all_sync(bv == b0) != 0:
+                            if lane == 0:
+                                T.atomic_add(s_hist[T.Cast("int32", b0)], 32)
+                        else:
+                            T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
+                    T.sync_threads()
+                    kt = T.min(TILE, (k * TILE) // e + (k * TILE) // e // 4 + 64)
+                    h_hi = s_hist[BINS - 1 - 2 * tx]
+                    c = h_hi + s_hist[BINS - 2 - 2 * tx]
+                    incl = c
+                    for o in (1, 2, 4, 8, 16):
+                        tmp = T.shfl_up(incl, o)
+                        incl = incl + T.if_then_else(lane >= o, tmp, 0)
+                    if lane == 31:
+                        s_scan[0, warp] = incl
+                    T.sync_threads()
+                    tmp = T.if_then_else(lane < warp, s_scan[0, lane], 0)
+                    for o in (16, 8, 4, 2, 1):
+                        tmp = tmp + T.shfl_xor(tmp, o)
+                    wpre = tmp + incl - c
+                    if wpre < kt and kt <= wpre + h_hi:
+                        s_sel[0] = BINS - 1 - 2 * tx
+                    if wpre + h_hi < kt and kt <= wpre + c:
+                        s_sel[0] = BINS - 2 - 2 * tx
+                    T.sync_threads()
+                    thr = kmin + (T.Cast("uint32", s_sel[0]) << T.Cast("uint32", sh))
+                T.sync_threads()  # s_mm / s_scan / s_sel are reused
+
+            for _rnd in T.serial(V3_ROUNDS):
+                if compact != 0:
+                    # One read of the row: the keys >= thr (key, index) in any order, counted exactly
+                    # (slots beyond `cap` are not written), with their min and max.
+                    if tx == 0:
+                        s_cnt[0] = 0
+                    kmin = KEY_MAX
+                    kmax = ZERO
+                    T.sync_threads()
+                    for u in T.unroll(UNROLL):
+                        i = _lin("v2", 0, u, tx)
+                        kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
+                    for it in T.serial(T.ceildiv(e, TILE)):
+                        for u in T.unroll(UNROLL):
+                            kb[u] = kn[u]
+                        for u in T.unroll(UNROLL):
+                            i = _lin("v2", it + 1, u, tx)
+                            kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
+                        for u in T.unroll(UNROLL):
+                            i = _lin("v2", it, u, tx)
+                            kx = _key(kb[u])
+                            dm = T.Cast("uint32", T.ballot_sync(T.And(i < e, kx >= thr)))
+                            if dm != ZERO:  # warp-uniform: one counter add per warp and strip
+                                if lane == 0:
+                                    # plain CUDA atomicAdd: a shared-memory ATOMS (tilelang's AtomicAddRet
+                                    # goes through a device-scope atomic_ref: a generic ATOM)
+                                    slot = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[0]),
+                                                         T.Cast("int32", T.popcount(dm)))
+                                slot = T.shfl_sync(slot, 0)
+                                if T.And(i < e, kx >= thr):
+                                    pos = slot + T.Cast("int32", T.popcount(dm & lt))
+                                    kmin = T.min(kmin, kx)
+                                    kmax = T.max(kmax, kx)
+                                    if pos < cap:
+                                        s_ck[pos] = kx
+                                        s_ci[pos] = i
+                    for o in (16, 8, 4, 2, 1):
+                        kmin = T.min(kmin, T.shfl_xor(kmin, o))
+                        kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                    if lane == 0:
+                        s_mm[0, warp] = kmin
+                        s_mm[1, warp] = kmax
+                    T.sync_threads()
+                    m = s_cnt[0]
+                    kmin = s_mm[0, lane]
+                    kmax = s_mm[1, lane]
+                    for o in (16, 8, 4, 2, 1):
+                        kmin = T.min(kmin, T.shfl_xor(kmin, o))
+                        kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                    if compact == 2:
+                        src = 2  # the keys >= lo: m == k - kk + cnt <= cap, checked before
+                        ne = m
+                    elif m >= k:
+                        # at least k keys >= thr: the threshold is one of them, in [min, max] of the list
+                        # (nothing above max): all-equal or few-distinct rows are done here
+                        lo = kmin
+                        hi = kmax
+                        done = T.if_then_else(kmin == kmax, 1, 0)
+                        src = T.if_then_else(m <= cap, 2, 0)
+                        ne = T.if_then_else(m <= cap, m, e)
+                    compact = 0
+                    T.sync_threads()  # s_cnt / s_mm are rewritten next
+                elif done == 0:
+                    # radix pass: bins of 2^sh keys over [lo, hi] (at most BINS of them)
+                    sh = T.max(0, 21 - T.Cast("int32", T.clz(hi - lo)))
+                    for q in T.serial(BINS // THREADS):
+                        s_hist[q * THREADS + tx] = 0
+                    kmin = KEY_MAX
+                    kmax = ZERO
+                    T.sync_threads()
+                    if src == 0:
+                        for u in T.unroll(UNROLL):
+                            i = _lin("v2", 0, u, tx)
+                            kn[u] = T.if_then_else(i < ne, raw(scores, base + i), ZERO)
+                    for it in T.serial(T.ceildiv(ne, TILE)):
+                        for u in T.unroll(UNROLL):
+                            i = _lin("v2", it, u, tx)
+                            if src == 2:
+                                kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
+                            else:
+                                kb[u] = kn[u]
+                        if src == 0:
+                            for u in T.unroll(UNROLL):
+                                i = _lin("v2", it + 1, u, tx)
+                                kn[u] = T.if_then_else(i < ne, raw(scores, base + i), ZERO)
+                            for u in T.unroll(UNROLL):
+                                kb[u] = _key(kb[u])
+                        for u in T.unroll(UNROLL):
+                            i = _lin("v2", it, u, tx)
+                            bv = NO_BIN
+                            if i < ne:
+                                if T.And(kb[u] >= lo, kb[u] <= hi):
+                                    bv = (kb[u] - lo) >> T.Cast("uint32", sh)
+                                    kmin = T.min(kmin, kb[u])
+                                    kmax = T.max(kmax, kb[u])
+                            b0 = T.shfl_sync(bv, 0)
+                            if T.all_sync(bv == b0) != 0:
+                                if T.And(lane == 0, b0 != NO_BIN):
+                                    T.atomic_add(s_hist[T.Cast("int32", b0)], 32)
+                            elif bv != NO_BIN:
+                                T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
+                    T.sync_threads()
+                    # thread t owns bins BINS-1-2t (higher) and BINS-2-2t; scan in descending bin order
+                    h_hi = s_hist[BINS - 1 - 2 * tx]
+                    c = h_hi + s_hist[BINS - 2 - 2 * tx]
+                    incl = c
+                    for o in (1, 2, 4, 8, 16):
+                        tmp = T.shfl_up(incl, o)
+                        incl = incl + T.if_then_else(lane >= o, tmp, 0)
+                    if lane == 31:
+                        s_scan[0, warp] = incl
+                    for o in (16, 8, 4, 2, 1):
+                        kmin = T.min(kmin, T.shfl_xor(kmin, o))
+                        kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                    if lane == 0:
+                        s_mm[0, warp] = kmin
+                        s_mm[1, warp] = kmax
+                    T.sync_threads()
+                    tmp = T.if_then_else(lane < warp, s_scan[0, lane], 0)
+                    kmin = s_mm[0, lane]
+                    kmax = s_mm[1, lane]
+                    for o in (16, 8, 4, 2, 1):
+                        tmp = tmp + T.shfl_xor(tmp, o)
+                        kmin = T.min(kmin, T.shfl_xor(kmin, o))
+                        kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                    wpre = tmp + incl - c  # keys in bins above my two bins
+                    if wpre < kk and kk <= wpre + h_hi:
+                        s_sel[0] = BINS - 1 - 2 * tx
+                        s_sel[1] = kk - wpre
+                        s_sel[2] = h_hi
+                    if wpre + h_hi < kk and kk <= wpre + c:
+                        s_sel[0] = BINS - 2 - 2 * tx
+                        s_sel[1] = kk - wpre - h_hi
+                        s_sel[2] = c - h_hi
+                    T.sync_threads()
+                    lo_bin = lo + (T.Cast("uint32", s_sel[0]) << T.Cast("uint32", sh))
+                    hi_bin = T.Cast("uint64", lo_bin) + ((T.uint64(1) << T.Cast("uint64", sh)) - T.uint64(1))
+                    hi = T.Cast("uint32", T.min(T.Cast("uint64", hi), hi_bin))  # 64-bit: no wrap-around
+                    lo = T.max(lo_bin, kmin)
+                    hi = T.min(hi, kmax)
+                    kk = s_sel[1]
+                    cnt = s_sel[2]
+                    if T.Or(cnt == kk, lo == hi):
+                        done = 1  # the threshold bin is taken whole, or the threshold key is exact
+                    if T.And(T.And(done == 0, src == 0), k - kk + cnt <= cap):
+                        compact = 2  # the keys >= lo fit: compact them, later passes use the list
+                        thr = lo
+                    T.sync_threads()  # s_hist / s_sel / s_scan / s_mm are rewritten next
+
+            if take_all == 0:
+                if src == 2:
+                    # Final rank over the candidates (any order): per window of `win` indices, bitmaps
+                    # of the taken (key > hi) and tied (key in [lo, hi]) entries, a block scan of their
+                    # packed word counts, then lane = taken before + min(ties before, kk) (ties go to
+                    # the lower index, output in ascending index order).
+                    run_def = 0  # packed (taken | ties << 16) counts of the earlier windows
+                    for w in T.serial(T.ceildiv(e, win)):
+                        for q in T.serial(T.ceildiv(2 * bmw, THREADS)):
+                            if q * THREADS + tx < 2 * bmw:
+                                s_bm[q * THREADS + tx] = ZERO
+                        T.sync_threads()
+                        for q in T.serial(T.ceildiv(ne, THREADS)):
+                            if q * THREADS + tx < ne:
+                                oi = s_ci[q * THREADS + tx] - w * win
+                                kx = s_ck[q * THREADS + tx]
+                                if T.And(T.And(oi >= 0, oi < win), kx >= lo):
+                                    # plain CUDA atomicOr (ATOMS): tilelang's AtomicOr is a global red
+                                    wd = T.Cast("uint32", T.if_then_else(kx > hi, 0, bmw) + (oi >> 5))
+                                    T.call_extern("uint32", "atomicOr", T.address_of(s_bm[wd]),
+                                                  T.uint32(1) << T.Cast("uint32", oi & 31))
+                        T.sync_threads()
+                        c = 0
+                        for x in T.unroll(wpt):
+                            if tx * wpt + x < bmw:
+                                c = c + (T.Cast("int32", T.popcount(s_bm[tx * wpt + x]))
+                                         + T.Cast("int32", T.popcount(s_bm[bmw + tx * wpt + x])) * TIE)
+                        incl = c
+                        for o in (1, 2, 4, 8, 16):
+                            tmp = T.shfl_up(incl, o)
+                            incl = incl + T.if_then_else(lane >= o, tmp, 0)
+                        if lane == 31:
+                            s_scan[0, warp] = incl
+                        T.sync_threads()
+                        wtot = s_scan[0, lane]
+                        tmp = T.if_then_else(lane < warp, wtot, 0)
+                        for o in (16, 8, 4, 2, 1):
+                            tmp = tmp + T.shfl_xor(tmp, o)
+                            wtot = wtot + T.shfl_xor(wtot, o)
+                        wpre = run_def + tmp + incl - c  # packed counts before my first word
+                        for x in T.unroll(wpt):
+                            if tx * wpt + x < bmw:
+                                s_hist[tx * wpt + x] = wpre
+                                wpre = wpre + (T.Cast("int32", T.popcount(s_bm[tx * wpt + x]))
+                                               + T.Cast("int32", T.popcount(s_bm[bmw + tx * wpt + x])) * TIE)
+                        T.sync_threads()
+                        for q in T.serial(T.ceildiv(ne, THREADS)):
+                            if q * THREADS + tx < ne:
+                                oi = s_ci[q * THREADS + tx] - w * win
+                                kx = s_ck[q * THREADS + tx]
+                                if T.And(T.And(oi >= 0, oi < win), kx >= lo):
+                                    wd = s_bm[oi >> 5]
+                                    wt = s_bm[bmw + (oi >> 5)]
+                                    lt = (T.uint32(1) << T.Cast("uint32", oi & 31)) - T.uint32(1)
+                                    wpre = (s_hist[oi >> 5] + T.Cast("int32", T.popcount(wd & lt))
+                                            + T.Cast("int32", T.popcount(wt & lt)) * TIE)
+                                    d_before = wpre & 0xFFFF
+                                    t_before = wpre >> 16
+                                    if T.Or(kx > hi, t_before < kk):
+                                        emit(scores, offset, cand, table, values, indices, row, base,
+                                             d_before + T.min(t_before, kk), oi + w * win)
+                        run_def = run_def + wtot
+                        T.sync_threads()  # s_bm / s_hist / s_scan are rewritten by the next window
+                else:
+                    # ordered pass over the row: keys above hi, and the first kk keys in [lo, hi]; it
+                    # stops once all k lanes are found (tie-heavy rows: usually after the first tile)
+                    lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)
+                    run_def = 0
+                    run_tie = 0
+                    for u in T.unroll(UNROLL):
+                        i = _lin("v2", 0, u, tx)
+                        kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
+                    for it in T.serial(T.ceildiv(e, TILE)):
+                        if T.Or(run_def < k - kk, run_tie < kk):
+                            for u in T.unroll(UNROLL):
+                                kb[u] = kn[u]
+                            for u in T.unroll(UNROLL):
+                                i = _lin("v2", it + 1, u, tx)
+                                kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
+                            wsum = 0
+                            for u in T.unroll(UNROLL):
+                                i = _lin("v2", it, u, tx)
+                                kx = _key(kb[u])
+                                cv = 0
+                                if i < e:
+                                    if kx > hi:
+                                        cv = 1
+                                    elif kx >= lo:
+                                        cv = TIE
+                                dm = T.Cast("uint32", T.ballot_sync(cv == 1))
+                                tm = T.Cast("uint32", T.ballot_sync(cv == TIE))
+                                inl[u] = (wsum + T.Cast("int32", T.popcount(dm & lt))
+                                          + T.Cast("int32", T.popcount(tm & lt)) * TIE
+                                          + T.if_then_else(cv == 1, CLS_TAKE, 0)
+                                          + T.if_then_else(cv == TIE, CLS_TIE, 0))
+                                wsum = (wsum + T.Cast("int32", T.popcount(dm))
+                                        + T.Cast("int32", T.popcount(tm)) * TIE)
+                            if lane == 0:
+                                s_scan[it % 2, warp] = wsum
+                            T.sync_threads()
+                            wtot = s_scan[it % 2, lane]
+                            tmp = T.if_then_else(lane < warp, wtot, 0)
+                            for o in (16, 8, 4, 2, 1):
+                                tmp = tmp + T.shfl_xor(tmp, o)
+                                wtot = wtot + T.shfl_xor(wtot, o)
+                            for u in T.unroll(UNROLL):
+                                i = _lin("v2", it, u, tx)
+                                wpre = tmp + (inl[u] & CNT_MASK)
+                                d_before = run_def + (wpre & 0xFFFF)
+                                t_before = run_tie + (wpre >> 16)
+                                if T.Or((inl[u] & CLS_TAKE) != 0,
+                                        T.And((inl[u] & CLS_TIE) != 0, t_before < kk)):
+                                    pos = d_before + T.min(t_before, kk)
+                                    if pos < k:
+                                        emit(scores, offset, cand, table, values, indices, row, base, pos, i)
+                            run_def = run_def + (wtot & 0xFFFF)
+                            run_tie = run_tie + (wtot >> 16)
+
+    return kernel
+
+
+def _topk_jit(*static):
+    """The compiled top-k kernel for these static arguments (the last one is the variant)."""
+    if static[-1] == "v3":
+        return topk_kernel_v3(*static[:-1])
+    return topk_kernel(*static)
+
+
 _DUMMY = {}
 
 
@@ -830,7 +1339,7 @@ def topk(scores, k, *, end=None, sorted=False, sorted_index=False, indices_type=
         return (values if return_value else None), indices
     flat, ld = _flat_scores(scores)
     off_dtype = output_idx_offset.dtype if output_idx_offset is not None else torch.int32
-    kern = topk_kernel(_TORCH_TO_TL[scores.dtype], _TORCH_TO_TL[indices_type], _TORCH_TO_TL[off_dtype],
+    kern = _topk_jit(_TORCH_TO_TL[scores.dtype], _TORCH_TO_TL[indices_type], _TORCH_TO_TL[off_dtype],
                        _cache_cap(n), need_values, output_idx_offset is not None, int(idx_oob_fill_value),
                        float(value_oob_fill_value), "topk", 0, 1, TOPK_VARIANT)
     kern(flat, end if end is not None else _dummy(dev, torch.int32),
@@ -881,7 +1390,7 @@ def topk_to_slots(scores, k, *, end=None, candidate_blocks=None, candidate_block
         return slots
     flat, ld = _flat_scores(scores)
     cand_bs = candidate_block_size or 0
-    kern = topk_kernel(_TORCH_TO_TL[scores.dtype], "int32", "int32", _cache_cap(n), False, False, -1,
+    kern = _topk_jit(_TORCH_TO_TL[scores.dtype], "int32", "int32", _cache_cap(n), False, False, -1,
                        float("-inf"), "slots", cand_bs, block_size_c, TOPK_VARIANT)
     cand = candidate_blocks if candidate_blocks is not None else _dummy(dev, torch.int32, (b, 1))
     kern(flat, end if end is not None else _dummy(dev, torch.int32), _dummy(dev, torch.int32), cand,
@@ -1069,6 +1578,15 @@ def build_all(quick: bool = False) -> list[str]:
                                                    float("-inf"), "topk", 0, 1, fb)),
         (f"topk fp32 cache32768 {fb}", topk_kernel, ("float32", "int32", "int32", 32768, True, False, -1,
                                                      float("-inf"), "topk", 0, 1, fb)),
+        # v3 (its own factory): the uncached tier and the fused slots path in the quick set
+        ("topk fp32 uncached v3", topk_kernel_v3, ("float32", "int32", "int32", 0, True, False, -1,
+                                                   float("-inf"), "topk", 0, 1)),
+        ("topk_to_slots fp32 cand16 Bc64 v3", topk_kernel_v3, ("float32", "int32", "int32", 0, False, False,
+                                                               -1, float("-inf"), "slots", 16, 64)),
+        ("topk v3 fp32 cache32768", topk_kernel_v3, ("float32", "int32", "int32", 32768, True, False, -1,
+                                                     float("-inf"), "topk", 0, 1)),
+        ("topk v3 bf16 int64+offset cache4096", topk_kernel_v3, ("bfloat16", "int64", "int64", 4096, True,
+                                                                 True, -1, float("-inf"), "topk", 0, 1)),
         ("block_max bs16 fp32", block_max_kernel, (16, "float32")),
         ("block_max bs8 bf16", block_max_kernel, (8, "bfloat16")),
         ("restore bs16", restore_kernel, (16,)),

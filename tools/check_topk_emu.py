@@ -3,7 +3,8 @@
 thread, random scheduling at barriers / warp intrinsics) through the real wrappers, and compare bitwise
 with the vectorized twin (tested equal to the loop reference). Sets: small (row-cache tiers), mid (32768
 tier, rows > 2 * TILE), long (uncached rows), big (128K-1M rows), misc (options, offsets, strides,
-fused slots), bmax (block max, NaN payloads). `--mutate "old=>new"` patches the generated source once
+fused slots), bmax (block max, NaN payloads), adv (estimate too high / too low, candidates beyond the
+capacity, 50-way ties, k = 1, k = row). v3 is the variant with its own factory (topk_kernel_v3). `--mutate "old=>new"` patches the generated source once
 (to check that a broken kernel is caught).
 
     PYTHONPATH=. .venv/bin/python tools/check_topk_emu.py [--variant v2] [--seeds 0,1] [--mutate S] [set ...]
@@ -33,14 +34,30 @@ from tilelang_ops.testing import compare_bitwise  # noqa: E402
 from tools.fiber_emu import EmuKernel  # noqa: E402
 
 _real_factory = tk.topk_kernel
+_real_v3 = tk.topk_kernel_v3
 _kernels = {}
 SEED = [0]
+# CUDA atomics v3 calls directly (shared counter add returning the old value, bitmap or)
+EMU_EXTRA = """inline int emu_atomicAdd(int* a, int v) { int o = *a; *a = o + v; return o; }
+inline uint emu_atomicOr(uint* a, uint v) { uint o = *a; *a = o | v; return o; }
+"""
 
 
-def fake_factory(*static):
-    key = repr(static)
+def _emu_source(src):
+    src = src.replace("atomicAdd(", "emu_atomicAdd(").replace("atomicOr(", "emu_atomicOr(")
+    at = src.index('extern "C" __global__')
+    return src[:at] + EMU_EXTRA + src[at:]
+
+
+def fake_v3(*static):
+    return fake_factory(*static, real=_real_v3)
+
+
+def fake_factory(*static, real=None):
+    real = real or _real_factory
+    key = repr((real is _real_v3,) + static)
     if key not in _kernels:
-        src = compile_for_sm90(_real_factory, *static).get_kernel_source()
+        src = _emu_source(compile_for_sm90(real, *static).get_kernel_source())
         order = ["scores", "end", "offset", "cand", "table", "values", "indices", "n", "ld", "has_end"]
         shapes = {"total": ("scores", None), "nb_end": ("end", None), "nb_off": ("offset", None),
                   "b": ("indices", 0), "k": ("indices", 1), "nc": ("cand", 1), "mb": ("table", 1),
@@ -54,6 +71,7 @@ def fake_factory(*static):
 
 
 tk.topk_kernel = fake_factory
+tk.topk_kernel_v3 = fake_v3
 tk.check_cuda = lambda **kw: torch.device("cpu")
 
 
@@ -109,8 +127,15 @@ SETS = {
         GpuCase("special", 2, 50000, 3000, "random", "bf16"), GpuCase("tiny", 1, 70000, 4096),
         GpuCase("randn", 2, 40000, 100, "short"),
     ],
+    "adv": [  # against the sampled estimate and the candidate capacity (v3's fallbacks), ties, small k / rows
+        GpuCase("sampled", 2, 65536, 2048), GpuCase("unsampled", 2, 65536, 2048),
+        GpuCase("unsampled", 1, 32768, 2048), GpuCase("sampled", 1, 40000, 4096, mode="sorted"),
+        GpuCase("ties50", 2, 131072, 2048), GpuCase("ties50", 2, 20000, 512, "random", mode="sorted_index"),
+        GpuCase("equal", 2, 50000, 1), GpuCase("equal", 2, 4096, 4096, "random", mode="sorted"),
+        GpuCase("randn", 2, 8192, 512), GpuCase("few", 2, 8192, 512, "random"),
+        GpuCase("special", 2, 9000, 4096, "random", "bf16"), GpuCase("unsampled", 1, 1 << 18, 4096, "random"),
+    ],
 }
-
 
 
 def misc(variant, seed=0):
