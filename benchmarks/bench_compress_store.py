@@ -1,5 +1,5 @@
-"""compress_store: the fused kernel (default variant, v2) vs its first version (peer ``v1``, the launch
-path verified on the H200), our two-kernel pipeline (compress kernel, then store kernel) and the twin
+"""compress_store: the fused kernel (default variant) vs its other variants (peers ``v1``, ``v2``, ``v3``:
+same bytes, other launch layouts), our two-kernel pipeline (compress kernel, then store kernel) and the twin
 composition (torch eager and torch.compile).
 
 Bytes (what a perfect fused kernel must move): projected_kv read + ring entries read (groups that
@@ -105,9 +105,13 @@ def _decode(batch, q, fmt):
 def _case(h, case, args, kw, nbytes, fused, two_kernel, twin, compiled, tiny):
     timer = time_graph_us if tiny else time_us
     us = timer(lambda: fused(*args, **kw))
-    v1 = functools.partial(fused, variant="v1")
-    peers = {"two_kernel": time_peer("two_kernel", lambda: two_kernel(*args, **kw), timer),
-             "v1": time_peer("v1", lambda: v1(*args, **kw), timer)}
+    peers = {"two_kernel": time_peer("two_kernel", lambda: two_kernel(*args, **kw), timer)}
+    from tilelang_ops.compress_store import VARIANT, VARIANTS
+
+    for v in VARIANTS:  # the other variants (same bytes) as peers
+        if v != VARIANT:
+            other = functools.partial(fused, variant=v)
+            peers[v] = time_peer(v, lambda other=other: other(*args, **kw), timer)
     eager = time_peer("eager", lambda: twin(*args, **kw), timer)
     comp = time_peer("compile", lambda: compiled(*args, **kw), timer) if compiled is not None else None
     h.report(OP, case, nbytes, us, eager_us=eager, compile_us=comp,

@@ -477,20 +477,23 @@ def test_kernel_wrappers_check_before_launch():
 @pytest.mark.build
 @pytest.mark.parametrize("fmt_name", list(FORMATS))
 def test_kernels_build_for_sm90(fmt_name):
-    """Both variants' prefill and decode for FP8; v2 prefill for FP4 and v2 decode (early-weight form)
-    for BF16 (the format code is the shared store macro, so one kernel per format covers it; ~4 s per
-    kernel)."""
+    """Every variant's prefill and decode for FP8; v2 and v3 prefill for FP4, v2 decode (early-weight
+    form) and v3 decode for BF16 (the format code is the shared store macro, so one kernel per format
+    covers it; ~4 s per kernel)."""
     from tilelang_ops.build import compile_for_sm90
     from tilelang_ops.compress_store import (
         compress_store_decode_kernel,
         compress_store_decode_kernel_v2,
+        compress_store_decode_kernel_v3,
         compress_store_prefill_kernel,
         compress_store_prefill_kernel_v2,
+        compress_store_prefill_kernel_v3,
     )
 
-    factories = {"fp8_main": [compress_store_prefill_kernel_v2, compress_store_decode_kernel_v2],
-                 "fp4_main": [compress_store_prefill_kernel_v2],
-                 "bf16": [compress_store_decode_kernel_v2]}[fmt_name]
+    factories = {"fp8_main": [compress_store_prefill_kernel_v2, compress_store_decode_kernel_v2,
+                              compress_store_prefill_kernel_v3, compress_store_decode_kernel_v3],
+                 "fp4_main": [compress_store_prefill_kernel_v2, compress_store_prefill_kernel_v3],
+                 "bf16": [compress_store_decode_kernel_v2, compress_store_decode_kernel_v3]}[fmt_name]
     if fmt_name == "fp8_main":
         from tilelang_ops.compress_store import expf_probe_kernel
 
@@ -498,7 +501,7 @@ def test_kernels_build_for_sm90(fmt_name):
         assert "expf(" in compile_for_sm90(expf_probe_kernel).get_kernel_source()  # the GPU expf test's probe
     for factory in factories:
         # BF16: the decode kernel's small-launch form (weight loaded with the first trip)
-        extra = (4, True) if fmt_name == "bf16" else ()
+        extra = (4, True) if fmt_name == "bf16" and factory is compress_store_decode_kernel_v2 else ()
         src = compile_for_sm90(factory, fmt_name, 2, 64, True, True, "bfloat16", "int32", "int64", *extra) \
             .get_kernel_source()
         assert "float4" in src, "inputs and ring must move as 16 B vectors"
@@ -508,7 +511,8 @@ def test_kernels_build_for_sm90(fmt_name):
         bf16_params = set(re.findall(r"bfloat16_t\* __restrict__ (\w+)", src))
         assert bf16_params == {"out_norm", "weight"}, "the compressed row must not go through global memory"
         assert "out_norm +" in src
-        if factory in (compress_store_prefill_kernel_v2, compress_store_decode_kernel_v2):
+        if factory in (compress_store_prefill_kernel_v2, compress_store_decode_kernel_v2,
+                       compress_store_prefill_kernel_v3, compress_store_decode_kernel_v3):
             # ring entries: one 32-bit modulo each, never a 64-bit one per vector access
             assert "% ((int64_t)ring)" not in src and "% ring)" in src
 
@@ -693,7 +697,7 @@ VARIANT_CASE_IDS = ("p_fp8_b7_len9_min_ring", "p_fp4_b64_len300_half_w32_i64",
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", ["v1", "v2"])
+@pytest.mark.parametrize("variant", ["v1", "v2", "v3"])
 @pytest.mark.parametrize("case", [c for c in GPU_CASES if c.id in VARIANT_CASE_IDS], ids=case_id)
 def test_gpu_each_variant_exact(case, variant):
     _check_gpu_case(case, variant)
@@ -702,21 +706,23 @@ def test_gpu_each_variant_exact(case, variant):
 @requires_cuda
 def test_gpu_variants_agree_on_1m_tokens():
     """The benchmark's biggest prefill input (256 requests x 4096 tokens at odd starts, built on the
-    GPU by the benchmark's own builder; 8 rows per warp in v2), with out_norm: v2 == v1 bitwise (ring,
-    cache, out_norm). The references would take too long here; v1 is the GPU-verified baseline."""
+    GPU by the benchmark's own builder; 8 rows per warp in v2), with out_norm: v2 == v1 and v3 == v1
+    bitwise (ring, cache, out_norm). The references would take too long here; v1 is the GPU-verified
+    baseline."""
     from benchmarks.bench_compress_store import _prefill
 
     args, kw, _ = _prefill(256, FP8_MAIN_KV_FORMAT, norm=True)
     outs = []
-    for variant in ("v1", "v2"):
+    for variant in ("v1", "v2", "v3"):
         a = list(args)
         a[1], a[13] = args[1].clone(), args[13].clone()  # ring, cache
         k = {**kw, "out_norm": torch.full_like(kw["out_norm"], 7.0)}
         _fused(variant)[0](*a, **k)
         outs.append((a[1], a[13], k["out_norm"]))
     _sync()
-    for what, a, b in zip(("ring", "cache", "out_norm"), outs[1], outs[0]):
-        compare_bitwise(f"{what} v2 vs v1", a, b).check()
+    for variant, got in zip(("v2", "v3"), outs[1:]):
+        for what, a, b in zip(("ring", "cache", "out_norm"), got, outs[0]):
+            compare_bitwise(f"{what} {variant} vs v1", a, b).check()
 
 
 @requires_cuda
@@ -738,7 +744,7 @@ def test_gpu_chunk_boundaries_at_every_offset(ring):
     x = sequence(n, gen).to(GPU)
     whole = process_gpu([n], x, r, ring, p, TWIN)
     parts = [1 + i % 9 for i in range(18)]  # 1 + 2 + ... 9 twice = 90 tokens
-    for variant in ("v1", "v2"):
+    for variant in ("v1", "v2", "v3"):
         for step in sorted({1, ring - r + 1}):  # single tokens, and verification steps at the ring's capacity
             got = process_gpu(parts, x, r, ring, p, _fused(variant), decode_step=step)
             for what, a, b in zip(("cache", "ring", "out_norm"), got, whole):

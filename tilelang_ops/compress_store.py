@@ -5,9 +5,9 @@ is rounded to BF16 and stays in registers, then ``tilelang_ops.kv_store.make_row
 kernel's own per-row ``@T.macro``, imported, not copied) normalizes, rotates, casts and stores it. The
 compressed row never travels through global memory; the ring is updated in the same launch.
 
-Work split: one warp per compressed row, lane ``l`` holding channels ``16 l .. 16 l + 15`` (the store
-macro's layout), ``WARPS`` warps per CTA. Prefill warps take ``PREFILL_ROWS_PER_WARP`` consecutive rows; a
-warp finds its first row's request with a 32-ary search over ``cu_compressed`` (each step one load per
+Work split (v1 / v2; v3 under Variants): one warp per compressed row, lane ``l`` holding channels
+``16 l .. 16 l + 15`` (the store macro's layout), ``WARPS`` warps per CTA. Prefill warps take
+``PREFILL_ROWS_PER_WARP`` consecutive rows; a warp finds its first row's request with a 32-ary search over ``cu_compressed`` (each step one load per
 lane and a warp sum, ``ceil(log32(num_reqs))`` steps) and then steps forward row by row (every request
 owns at least one row). Decode has one row per query token.
 
@@ -15,7 +15,9 @@ Ring ordering (same guarantees as the compress kernel, SPEC 1.2-1.3):
 * prefill: only a request's first row can read the ring (the group that began before the chunk). The
   warp computing that row writes the request's newest ``min(len, S)`` inputs to the ring right after
   reading, each lane writing exactly the channels it read, so program order alone puts every old
-  read before the chunk's writes, whatever the block schedule and however long the chunk.
+  read before the chunk's writes, whatever the block schedule and however long the chunk. (v3: the
+  CTA holding a request's first row reads that row's ring entries in phase 1 and refreshes the ring
+  after its barrier.)
 * decode: a group's in-step inputs are read from ``projected_kv`` (the neighbouring tokens of the
   same request: same slot, consecutive context lengths), older ones from the ring. The capacity rule
   ``S >= r + max_seqlen_q - 1`` (checked on the host) means no write of the step lands on an entry a
@@ -31,13 +33,18 @@ mean cannot be imported: it is written inline in its prim_func for another threa
 per thread, per-block metadata in shared memory); ``make_gated_mean`` is the same operation order
 for the store macro's layout (16 channels per lane).
 
-Variants (``VARIANT``, or ``variant=`` per call): "v2" (default) pipelines each warp's rows (row k's
-loads are in flight while row k-1 is normalized, cast and stored), computes one ``expf`` per channel
-for r = 2 (the other weight is expf(+0) = 1 exactly; non-finite scores fall back to v1's sequence),
-keeps ring entries in int32 and, in decode, loads the previous token's inputs speculatively with the
-token's own (one memory trip for every group closed inside a verification step). "v1" is the first
-version, verified on the H200; both give the same bytes (CPU emulation of the generated CUDA, GPU
-tests of each variant).
+Variants (``VARIANT``, or ``variant=`` per call): "v3" (default) splits a CTA's work into two layouts:
+its four rows' gated means with the compress kernel's layout (thread t: channels 4t .. 4t+3, every
+row's loads issued at once) into shared memory, a barrier, then one warp per row runs the store
+macro. It needs no pipeline state (112-119 registers, 16 warps per SM against v2's 12), and CTAs in
+different phases overlap on an SM. Decode loads the CTA's tokens and the r - 1 before them in one trip,
+so in-step neighbours come from registers. "v2" pipelines each warp's rows (row k's loads are in
+flight while row k-1 is normalized, cast and stored), computes one ``expf`` per channel for r = 2
+(the other weight is expf(+0) = 1 exactly; non-finite scores fall back to v1's sequence; v3 uses the
+same macro), keeps ring entries in int32 and, in decode, loads the previous token's inputs
+speculatively with the token's own. "v1" is the first version, verified on the H200. All give the
+same bytes (CPU emulation of the generated CUDA, tools/check_compress_store_emu.py; GPU tests of each
+variant).
 
 Metadata that is out of range (slots, tokens, requests) makes a row skip (no store, no out_norm, no
 ring write); it never reads or writes outside the tensors. Nothing is returned (see
@@ -68,16 +75,20 @@ WARPS = 4  # prefill warps per CTA
 PREFILL_ROWS_PER_WARP = 4  # amortizes the request search over a few rows
 DECODE_WARPS = 4  # decode warps (query tokens) per CTA
 F4 = 4  # FP32 elements per 16-byte vector access
-# Launch path. "v2" (default): software-pipelined rows, one expf per channel for r = 2, int32 ring
-# entries, speculative in-step neighbour loads in decode (see the v2 factories). "v1": the first
-# fused kernel, verified bitwise against the two-kernel pipeline on the H200; kept selectable so a
-# GPU run can compare both (tests, benchmark peer) and the default can be flipped back.
-VARIANTS = ("v1", "v2")
-VARIANT = "v2"
+# Launch path. "v3" (default): a CTA's gated means in the compress kernel's layout (4 channels per
+# thread) into shared memory, then one warp per row runs the store macro (see the v3 factories).
+# "v2": software-pipelined rows per warp, one expf per channel for r = 2, int32 ring entries,
+# speculative in-step neighbour loads in decode. "v1": the first fused kernel, verified bitwise against
+# the two-kernel pipeline on the H200. All stay selectable so a GPU run compares them (tests, benchmark
+# peers) and the default can be flipped back.
+VARIANTS = ("v1", "v2", "v3")
+VARIANT = "v3"
 V2_WARPS = 4  # v2 prefill warps per CTA
 V2_ROWS_PER_WARP = 8  # v2 prefill rows per warp (the pipeline's depth in time: one prologue per warp)
 V2_MIN_CTAS_PER_SM = 3  # v2 prefill __launch_bounds__ minimum (<= 168 registers: 12 warps per SM)
 V2_DECODE_WARPS = 4
+V3_ROWS = 4  # v3: rows (prefill) / query tokens (decode) per CTA, = warps
+V3_MIN_CTAS_PER_SM = 4  # v3 prefill __launch_bounds__ minimum
 V2_FAST = True  # the store macro's fast arithmetic (kv_store v3's: FFMA sum of squares, FMA e2m1), same bytes
 V2_EARLY_WEIGHT_MAX_TOKENS = 2048  # decode launches up to ~one wave of warps load the weight up front
 # Bounds are explicit in the v2 kernels (every index is checked or clamped before its access), so
@@ -117,40 +128,40 @@ def expf_probe_kernel(threads: int = 256):
     return kernel
 
 
-def make_gated_mean(r: int):
-    """``@T.macro``: x[16] = float(bf16(sum_t softmax_t(s_t) * v_t)) for this lane's 16 channels.
+def make_gated_mean(r: int, width: int = VEC):
+    """``@T.macro``: x[w] = float(bf16(sum_t softmax_t(s_t) * v_t)) for this thread's ``width`` channels.
 
-    ``sc``/``lt`` local FP32 [r, 16]: score and latent of the r positions in ascending order.
+    ``sc``/``lt`` local FP32 [r, width]: score and latent of the r positions in ascending order.
     Operation order of ``reference.compress.gated_mean``.
     """
 
     @T.macro
     def gated_mean(sc, lt, x):
-        mx = T.alloc_local([VEC], "float32")
-        den = T.alloc_local([VEC], "float32")
-        num = T.alloc_local([VEC], "float32")
-        w = T.alloc_local([VEC], "float32")
-        for i in T.unroll(VEC):
+        mx = T.alloc_local([width], "float32")
+        den = T.alloc_local([width], "float32")
+        num = T.alloc_local([width], "float32")
+        w = T.alloc_local([width], "float32")
+        for i in T.unroll(width):
             mx[i] = sc[0, i]
         for t in range(1, r):
-            for i in T.unroll(VEC):
+            for i in T.unroll(width):
                 mx[i] = T.max(mx[i], sc[t, i])
-        for i in T.unroll(VEC):
+        for i in T.unroll(width):
             w[i] = _expf(T.ieee_sub(sc[0, i], mx[i]))
             den[i] = w[i]
             num[i] = T.ieee_mul(w[i], lt[0, i])
         for t in range(1, r):
-            for i in T.unroll(VEC):
+            for i in T.unroll(width):
                 w[i] = _expf(T.ieee_sub(sc[t, i], mx[i]))
                 den[i] = T.ieee_add(den[i], w[i])
                 num[i] = T.ieee_add(num[i], T.ieee_mul(w[i], lt[t, i]))
-        for i in T.unroll(VEC):
+        for i in T.unroll(width):
             x[i] = T.Cast("float32", T.Cast("bfloat16", T.ieee_fdiv(num[i], den[i])))
 
     return gated_mean
 
 
-def make_gated_mean_v2(r: int):
+def make_gated_mean_v2(r: int, width: int = VEC):
     """``make_gated_mean`` with one ``expf`` per channel for r = 2, same bits.
 
     For finite scores, m = max(s0, s1) is one of them, so that score's difference is +0 and its
@@ -160,24 +171,24 @@ def make_gated_mean_v2(r: int):
         num = v_big + e * v_small        (v1: w0 * v0 + w1 * v1 with one weight 1: 1 * v = v)
     where v_big is the latent of the larger score (s0 when diff >= 0; equal scores give e = 1, either
     way). A NaN latent gives a NaN row in both (v1's 1 * NaN and this sum both end in the BF16 cast's
-    canonical NaN). The lane takes this path when the sum of its 16 diffs is finite, i.e. every score
+    canonical NaN). The lane takes this path when the sum of its ``width`` diffs is finite, i.e. every score
     pair is finite and no difference overflows; otherwise it runs v1's two-expf sequence (so infinite
     or NaN scores give v1's bits). Other ratios use ``make_gated_mean``.
     """
     if r != 2:
-        return make_gated_mean(r)
-    slow = make_gated_mean(r)
+        return make_gated_mean(r, width)
+    slow = make_gated_mean(r, width)
 
     @T.macro
     def gated_mean(sc, lt, x):
-        diff = T.alloc_local([VEC], "float32")
+        diff = T.alloc_local([width], "float32")
         acc = T.alloc_var("float32")
         acc = T.float32(0)
-        for i in T.unroll(VEC):
+        for i in T.unroll(width):
             diff[i] = T.ieee_sub(sc[0, i], sc[1, i])
             acc = T.ieee_add(acc, diff[i])  # inf / NaN once any diff is (and stays so)
         if T.abs(acc) <= _f32(3.4028234663852886e38):
-            for i in T.unroll(VEC):
+            for i in T.unroll(width):
                 e = _expf(-T.abs(diff[i]))
                 x[i] = T.Cast("float32", T.Cast("bfloat16", T.ieee_fdiv(
                     T.ieee_add(T.if_then_else(diff[i] >= T.float32(0), lt[0, i], lt[1, i]),
@@ -678,6 +689,324 @@ def compress_store_decode_kernel_v2(fmt_name: str, r: int, rope_dim: int, interl
     return kernel
 
 
+@tilelang.jit(pass_configs=V2_PASS_CONFIGS)
+def compress_store_prefill_kernel_v3(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
+                                     has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
+                                     min_ctas_per_sm: int = V3_MIN_CTAS_PER_SM, fast: bool = V2_FAST):
+    """v3 of ``compress_store_prefill_kernel``: same rows, same bits, two layouts in one CTA.
+
+    A CTA of ``V3_ROWS`` warps takes ``V3_ROWS`` consecutive rows. Warp w finds row w's request (v2's
+    32-ary search) and puts the row's metadata in shared memory. Phase 1, the compress kernel's layout:
+    thread t holds channels 4t .. 4t+3 of every row, issues all rows' 16-byte loads at once, and writes
+    the gated means (FP32 holding the BF16-rounded value) to shared memory. A barrier. Phase 2: the
+    CTA's threads refresh the rings of the requests that begin here (those requests' only ring reads,
+    their first rows, were phase 1's), then warp w runs the store macro on row w (16 channels per lane).
+    Few registers per thread (no pipeline state), so more CTAs share an SM and keep loads in flight
+    while others compute; the compressed rows still never leave the chip.
+    """
+    fmt = _FORMATS[fmt_name]
+    dim = fmt.dim
+    rows_cta = V3_ROWS
+    threads = rows_cta * WARP
+    assert dim == threads * F4 and dim == WARP * VEC, dim
+    half = rope_dim // 2
+    wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte weight loads
+    row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype,
+                               weight_in_registers=True, fast=fast, e2m1_fma=fast)
+    gated_mean = make_gated_mean_v2(r, F4)
+    num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos = T.dynamic(
+        "num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos")
+    cache_bytes = T.dynamic("cache_bytes", "int64")
+    # shared metadata per row: group start position (-1: zero row), chunk start s, token of position 0,
+    # ring slot, request ok, first ring position to refresh, positions to refresh
+    GPOS, START, TOKBASE, SLOT, OK, WLO, WCNT = range(7)
+
+    @T.prim_func
+    def kernel(
+        projected_kv: T.Tensor((num_tokens, 2 * dim), "float32"),  # [num_tokens, 2 * D] fp32
+        state: T.Tensor((num_slots, ring, 2, dim), "float32"),  # [num_state_slots, S, 2, D] fp32
+        cu_q: T.Tensor((nreq1,), "int32"),  # [num_reqs + 1] int32
+        ctx: T.Tensor((num_reqs,), "int32"),  # [num_reqs] int32, e
+        sbi: T.Tensor((num_reqs,), "int32"),  # [num_reqs] int32, ring slot
+        cu_c: T.Tensor((nreq1,), "int32"),  # [num_reqs + 1] int32, row offsets
+        weight: T.Tensor((dim,), weight_dtype),  # [D] bf16 or fp32
+        cos: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
+        sin: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
+        positions: T.Tensor((rows,), pos_dtype),  # [rows] int32/int64, j * r
+        slots: T.Tensor((rows,), slot_dtype),  # [rows] int32/int64, < 0: skip
+        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
+        out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [rows, D] bf16 (or [1, D] dummy)
+        eps: T.float32,
+        search_steps: T.int32,  # ceil(log32(num_reqs))
+    ):
+        with T.Kernel(T.ceildiv(rows, rows_cta), threads=threads) as bx:
+            if min_ctas_per_sm > 1:
+                T.annotate_min_blocks_per_sm(min_ctas_per_sm)
+            tx = T.get_thread_binding()
+            lane = tx % WARP
+            row = bx * rows_cta + tx // WARP  # this warp's row in phase 2
+            meta = T.alloc_shared([7, rows_cta], "int32")
+            m = T.alloc_local([7, rows_cta], "int32")  # every row's metadata, read back after the barrier
+            xs = T.alloc_shared([rows_cta, dim], "float32")
+            sc = T.alloc_local([rows_cta * r, F4], "float32")
+            lt = T.alloc_local([rows_cta * r, F4], "float32")
+            sc1 = T.alloc_local([r, F4], "float32")
+            lt1 = T.alloc_local([r, F4], "float32")
+            xv = T.alloc_local([F4], "float32")
+            x = T.alloc_local([VEC], "float32")
+            wl = T.alloc_local([VEC], weight_dtype)
+            wf = T.alloc_local([VEC], "float32")
+            lo = T.alloc_var("int32")
+            span = T.alloc_var("int32")
+            step = T.alloc_var("int32")
+            cnt = T.alloc_var("int32")
+            req = T.alloc_var("int32")
+            s = T.alloc_var("int32")
+            k_in = T.alloc_var("int32")
+            ok = T.alloc_var("int32")
+            gpos = T.alloc_var("int32")
+            wlo = T.alloc_var("int32")
+            wcnt = T.alloc_var("int32")
+            posv = T.alloc_var("int64")
+            slotv = T.alloc_var("int64")
+            ent = T.alloc_var("int32")  # ring entry (int32: one modulo per entry, not per vector access)
+            ok = 0
+            gpos = -1
+            wlo = 0
+            wcnt = 0
+            s = 0
+            req = 0
+            if row < rows:
+                # req = the last i with cu_c[i] <= row (v2's 32-ary warp search)
+                lo = 0
+                span = num_reqs
+                for _ in T.serial(search_steps):
+                    step = (span + WARP - 1) // WARP
+                    cnt = T.if_then_else(
+                        lane * step < span and cu_c[T.min(lo + lane * step, num_reqs)] <= row, 1, 0)
+                    for k in T.unroll(5):
+                        cnt = cnt + T.shfl_xor(cnt, 16 >> k)
+                    lo = lo + T.max(cnt - 1, 0) * step
+                    span = T.min(step, span - T.max(cnt - 1, 0) * step)
+                req = T.min(T.max(lo, 0), num_reqs - 1)
+                s = ctx[req] - (cu_q[req + 1] - cu_q[req])
+                k_in = row - cu_c[req]
+                # the request's metadata addresses only its own chunk and its own ring
+                ok = T.if_then_else(cu_q[req] >= 0 and cu_q[req + 1] <= num_tokens and s >= 0
+                                    and sbi[req] >= 0 and sbi[req] < num_slots and k_in >= 0, 1, 0)
+                if ok == 1 and k_in < ctx[req] // r - s // r:
+                    gpos = (s // r + k_in) * r
+                if ok == 1 and k_in == 0:
+                    wlo = T.max(s, ctx[req] - ring)
+                    wcnt = ctx[req] - wlo
+                posv = T.Cast("int64", positions[row])
+                slotv = T.Cast("int64", slots[row])
+                for v in T.unroll(VEC // wvec):
+                    for i in T.vectorized(wvec):
+                        wl[v * wvec + i] = weight[lane * VEC + v * wvec + i]
+                if lane == 0:
+                    meta[GPOS, tx // WARP] = gpos
+                    meta[START, tx // WARP] = s
+                    meta[TOKBASE, tx // WARP] = cu_q[req] - s
+                    meta[SLOT, tx // WARP] = sbi[req]
+                    meta[WLO, tx // WARP] = wlo
+                    meta[WCNT, tx // WARP] = wcnt
+            elif lane == 0:
+                meta[GPOS, tx // WARP] = -1
+                meta[WCNT, tx // WARP] = 0
+            T.sync_threads()
+            for f in T.unroll(7):
+                for j in T.unroll(rows_cta):
+                    m[f, j] = meta[f, j]
+            # phase 1: every row's loads first (this thread's 4 channels), then the gated means
+            for j in T.unroll(rows_cta):
+                if m[GPOS, j] >= 0:
+                    for t in T.unroll(r):
+                        if m[GPOS, j] + t >= m[START, j]:  # in this chunk
+                            for i in T.vectorized(F4):
+                                sc[j * r + t, i] = projected_kv[m[TOKBASE, j] + m[GPOS, j] + t,
+                                                                tx * F4 + i]
+                            for i in T.vectorized(F4):
+                                lt[j * r + t, i] = projected_kv[m[TOKBASE, j] + m[GPOS, j] + t,
+                                                                dim + tx * F4 + i]
+                        else:  # the group began before the chunk: the ring holds its inputs
+                            ent = (m[GPOS, j] + t) % ring
+                            for i in T.vectorized(F4):
+                                sc[j * r + t, i] = state[m[SLOT, j], ent, 0, tx * F4 + i]
+                            for i in T.vectorized(F4):
+                                lt[j * r + t, i] = state[m[SLOT, j], ent, 1, tx * F4 + i]
+            for j in T.unroll(rows_cta):
+                if m[GPOS, j] >= 0:
+                    for t in T.unroll(r):
+                        for i in T.unroll(F4):
+                            sc1[t, i] = sc[j * r + t, i]
+                            lt1[t, i] = lt[j * r + t, i]
+                    gated_mean(sc1, lt1, xv)
+                else:  # placeholder (nc = 0), a skipped row or past the end: a zero row
+                    for i in T.unroll(F4):
+                        xv[i] = T.float32(0)
+                for i in T.vectorized(F4):
+                    xs[j, tx * F4 + i] = xv[i]
+            T.sync_threads()
+            # phase 2: the rings of requests that begin in this CTA (after all of phase 1's ring reads)
+            for j in T.unroll(rows_cta):
+                for q in T.serial(m[WCNT, j]):
+                    ent = (m[WLO, j] + q) % ring
+                    for i in T.vectorized(F4):
+                        state[m[SLOT, j], ent, 0, tx * F4 + i] = projected_kv[m[TOKBASE, j] + m[WLO, j] + q,
+                                                                             tx * F4 + i]
+                    for i in T.vectorized(F4):
+                        state[m[SLOT, j], ent, 1, tx * F4 + i] = projected_kv[m[TOKBASE, j] + m[WLO, j] + q,
+                                                                             dim + tx * F4 + i]
+            # ... and warp w's row: norm, RoPE, cast, store
+            if row < rows:
+                for i in T.unroll(VEC):
+                    wf[i] = T.Cast("float32", wl[i])
+                for v in T.unroll(VEC // F4):
+                    for i in T.vectorized(F4):
+                        x[v * F4 + i] = xs[tx // WARP, lane * VEC + v * F4 + i]
+                row_store(x, lane, wf, cos, sin, cache, out_norm, posv, slotv, ok == 1, row, max_pos,
+                          cache_bytes // fmt.row_bytes, eps)
+
+    return kernel
+
+
+@tilelang.jit(pass_configs=V2_PASS_CONFIGS)
+def compress_store_decode_kernel_v3(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
+                                    has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
+                                    fast: bool = V2_FAST):
+    """v3 of ``compress_store_decode_kernel``: same rows, same bits, prefill v3's two layouts.
+
+    A CTA of ``V3_ROWS`` warps takes ``V3_ROWS`` consecutive query tokens. Phase 1 (thread t: channels
+    4t .. 4t+3): one trip loads the inputs and metadata of the CTA's tokens and of the r - 1 tokens
+    before them, so every in-step neighbour of a group is already in registers; groups whose earlier
+    positions were written by an earlier step read them from the ring (second trip). Each token's inputs
+    go to its ring entry (the capacity rule keeps them off every entry a group of this step reads), the
+    gated means to shared memory. A barrier; phase 2: warp w runs the store macro on token w's row.
+    """
+    fmt = _FORMATS[fmt_name]
+    dim = fmt.dim
+    rows_cta = V3_ROWS
+    threads = rows_cta * WARP
+    assert dim == threads * F4 and dim == WARP * VEC, dim
+    span = rows_cta + r - 1  # tokens whose inputs phase 1 loads: the CTA's and the r - 1 before them
+    half = rope_dim // 2
+    wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte weight loads
+    row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype,
+                               weight_in_registers=True, fast=fast, e2m1_fma=fast)
+    gated_mean = make_gated_mean_v2(r, F4)
+    num_tokens, num_slots, ring, norm_rows, max_pos = T.dynamic(
+        "num_tokens, num_slots, ring, norm_rows, max_pos")
+    cache_bytes = T.dynamic("cache_bytes", "int64")
+
+    @T.prim_func
+    def kernel(
+        projected_kv: T.Tensor((num_tokens, 2 * dim), "float32"),  # [total_q, 2 * D] fp32
+        state: T.Tensor((num_slots, ring, 2, dim), "float32"),  # [num_state_slots, S, 2, D] fp32
+        ctx: T.Tensor((num_tokens,), "int32"),  # [total_q] int32, position + 1
+        sbi: T.Tensor((num_tokens,), "int32"),  # [total_q] int32, ring slot
+        weight: T.Tensor((dim,), weight_dtype),  # [D] bf16 or fp32
+        cos: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
+        sin: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
+        positions: T.Tensor((num_tokens,), pos_dtype),  # [total_q] int32/int64, j * r or 0
+        slots: T.Tensor((num_tokens,), slot_dtype),  # [total_q] int32/int64, < 0: skip
+        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
+        out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [total_q, D] bf16 (or [1, D] dummy)
+        eps: T.float32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens, rows_cta), threads=threads) as bx:
+            tx = T.get_thread_binding()
+            lane = tx % WARP
+            first = bx * rows_cta - (r - 1)  # token of phase 1's slot u = 0
+            row = bx * rows_cta + tx // WARP  # this warp's token in phase 2
+            xs = T.alloc_shared([rows_cta, dim], "float32")
+            sc = T.alloc_local([span, F4], "float32")  # slot u: token first + u (clamped into range)
+            lt = T.alloc_local([span, F4], "float32")
+            c = T.alloc_local([span], "int32")
+            sl = T.alloc_local([span], "int32")
+            rsc = T.alloc_local([rows_cta * (r - 1), F4], "float32")  # earlier steps' positions
+            rlt = T.alloc_local([rows_cta * (r - 1), F4], "float32")
+            sc1 = T.alloc_local([r, F4], "float32")
+            lt1 = T.alloc_local([r, F4], "float32")
+            xv = T.alloc_local([F4], "float32")
+            x = T.alloc_local([VEC], "float32")
+            wl = T.alloc_local([VEC], weight_dtype)
+            wf = T.alloc_local([VEC], "float32")
+            posv = T.alloc_var("int64")
+            slotv = T.alloc_var("int64")
+            okw = T.alloc_var("int32")  # this warp's token (phase 2) is ok
+            ent = T.alloc_var("int32")  # ring entry (int32: one modulo per entry, not per vector access)
+            okw = 0
+            for u in T.unroll(span):
+                for i in T.vectorized(F4):
+                    sc[u, i] = projected_kv[T.min(T.max(first + u, 0), num_tokens - 1), tx * F4 + i]
+                for i in T.vectorized(F4):
+                    lt[u, i] = projected_kv[T.min(T.max(first + u, 0), num_tokens - 1), dim + tx * F4 + i]
+                c[u] = ctx[T.min(T.max(first + u, 0), num_tokens - 1)]
+                sl[u] = sbi[T.min(T.max(first + u, 0), num_tokens - 1)]
+            if row < num_tokens:
+                posv = T.Cast("int64", positions[row])
+                slotv = T.Cast("int64", slots[row])
+                okw = T.if_then_else(ctx[row] >= 1 and sbi[row] >= 0 and sbi[row] < num_slots, 1, 0)
+                for v in T.unroll(VEC // wvec):
+                    for i in T.vectorized(wvec):
+                        wl[v * wvec + i] = weight[lane * VEC + v * wvec + i]
+            # token j sits in slot u = j + r - 1; it is ok when it exists and its metadata is in range
+            for j in T.unroll(rows_cta):
+                if (bx * rows_cta + j < num_tokens and c[j + r - 1] >= 1 and sl[j + r - 1] >= 0
+                        and sl[j + r - 1] < num_slots and (c[j + r - 1] - 1) % r == r - 1):
+                    for t in T.unroll(r - 1):
+                        # position c - 1 - back: an earlier token of this step, else an earlier step's
+                        if not (bx * rows_cta + j - (r - 1 - t) >= 0 and sl[j + t] == sl[j + r - 1]
+                                and c[j + t] == c[j + r - 1] - (r - 1 - t)):
+                            ent = (c[j + r - 1] - 1 - (r - 1 - t)) % ring
+                            for i in T.vectorized(F4):
+                                rsc[j * (r - 1) + t, i] = state[sl[j + r - 1], ent, 0, tx * F4 + i]
+                            for i in T.vectorized(F4):
+                                rlt[j * (r - 1) + t, i] = state[sl[j + r - 1], ent, 1, tx * F4 + i]
+            for j in T.unroll(rows_cta):
+                if (bx * rows_cta + j < num_tokens and c[j + r - 1] >= 1 and sl[j + r - 1] >= 0
+                        and sl[j + r - 1] < num_slots):
+                    ent = (c[j + r - 1] - 1) % ring
+                    for i in T.vectorized(F4):
+                        state[sl[j + r - 1], ent, 0, tx * F4 + i] = sc[j + r - 1, i]
+                    for i in T.vectorized(F4):
+                        state[sl[j + r - 1], ent, 1, tx * F4 + i] = lt[j + r - 1, i]
+            for j in T.unroll(rows_cta):
+                if (bx * rows_cta + j < num_tokens and c[j + r - 1] >= 1 and sl[j + r - 1] >= 0
+                        and sl[j + r - 1] < num_slots and (c[j + r - 1] - 1) % r == r - 1):
+                    for i in T.unroll(F4):
+                        sc1[r - 1, i] = sc[j + r - 1, i]
+                        lt1[r - 1, i] = lt[j + r - 1, i]
+                    for t in T.unroll(r - 1):
+                        if (bx * rows_cta + j - (r - 1 - t) >= 0 and sl[j + t] == sl[j + r - 1]
+                                and c[j + t] == c[j + r - 1] - (r - 1 - t)):
+                            for i in T.unroll(F4):
+                                sc1[t, i] = sc[j + t, i]
+                                lt1[t, i] = lt[j + t, i]
+                        else:
+                            for i in T.unroll(F4):
+                                sc1[t, i] = rsc[j * (r - 1) + t, i]
+                                lt1[t, i] = rlt[j * (r - 1) + t, i]
+                    gated_mean(sc1, lt1, xv)
+                else:  # closes no group (or a skipped token): a zero row
+                    for i in T.unroll(F4):
+                        xv[i] = T.float32(0)
+                for i in T.vectorized(F4):
+                    xs[j, tx * F4 + i] = xv[i]
+            T.sync_threads()
+            if row < num_tokens:
+                for i in T.unroll(VEC):
+                    wf[i] = T.Cast("float32", wl[i])
+                for v in T.unroll(VEC // F4):
+                    for i in T.vectorized(F4):
+                        x[v * F4 + i] = xs[tx // WARP, lane * VEC + v * F4 + i]
+                row_store(x, lane, wf, cos, sin, cache, out_norm, posv, slotv, okw == 1, row, max_pos,
+                          cache_bytes // fmt.row_bytes, eps)
+
+    return kernel
+
+
 @functools.lru_cache(maxsize=None)
 def _prefill_kernel(*static):
     return compress_store_prefill_kernel(*static)
@@ -696,6 +1025,16 @@ def _prefill_kernel_v2(*static):
 @functools.lru_cache(maxsize=None)
 def _decode_kernel_v2(*static):
     return compress_store_decode_kernel_v2(*static)
+
+
+@functools.lru_cache(maxsize=None)
+def _prefill_kernel_v3(*static):
+    return compress_store_prefill_kernel_v3(*static)
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_kernel_v3(*static):
+    return compress_store_decode_kernel_v3(*static)
 
 
 # v2 prefill: fewer rows per warp for smaller launches (more CTAs: shorter tail waves)
@@ -752,8 +1091,11 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
     if dims.store.rows == 0:
         return
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
-    if _variant(variant) == "v1":
+    v = _variant(variant)
+    if v == "v1":
         launch = _prefill_kernel(*static, PREFILL_ROWS_PER_WARP, WARPS)
+    elif v == "v3":
+        launch = _prefill_kernel_v3(*static, V3_MIN_CTAS_PER_SM, V2_FAST)
     else:
         rpw = V2_ROWS_PER_WARP if dims.store.rows >= V2_MANY_ROWS else max(1, V2_ROWS_PER_WARP // 2)
         launch = _prefill_kernel_v2(*static, rpw, V2_WARPS, V2_MIN_CTAS_PER_SM, V2_FAST)
@@ -785,9 +1127,14 @@ def compress_store_decode(projected_kv, state_cache, context_lens, state_block_i
     if dims.store.rows == 0:
         return
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
-    launch = (_decode_kernel(*static, DECODE_WARPS) if _variant(variant) == "v1"
-              else _decode_kernel_v2(*static, V2_DECODE_WARPS, dims.store.rows <= V2_EARLY_WEIGHT_MAX_TOKENS,
-                                     V2_FAST))
+    v = _variant(variant)
+    if v == "v1":
+        launch = _decode_kernel(*static, DECODE_WARPS)
+    elif v == "v3":
+        launch = _decode_kernel_v3(*static, V2_FAST)
+    else:
+        launch = _decode_kernel_v2(*static, V2_DECODE_WARPS, dims.store.rows <= V2_EARLY_WEIGHT_MAX_TOKENS,
+                                   V2_FAST)
     launch(
         projected_kv.contiguous(), state_cache, context_lens.contiguous(), state_block_idx.contiguous(),
         norm_weight.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous(),

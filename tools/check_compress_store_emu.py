@@ -1,6 +1,6 @@
 # ruff: noqa: E501  (embedded C++ and case tables)
-"""Emulate the v1 and v2 compress_store kernels on CPU (generated CUDA -> C++, one thread per CUDA
-thread, blocks forward / reversed / shuffled); v2 must equal v1 bitwise, both are compared with the
+"""Emulate the v1, v2 and v3 compress_store kernels on CPU (generated CUDA -> C++, one thread per CUDA
+thread, blocks forward / reversed / shuffled); v2 and v3 (prefill) must equal v1 bitwise, both are compared with the
 twins (bitwise as well here). `--mutate` checks that deliberately broken v2 sources are caught.
 
     PYTHONPATH=. .venv/bin/python tools/check_compress_store_emu.py [case-substring ...] [--mutate]
@@ -25,7 +25,8 @@ SRC = f"{WORK}/src"  # generated sources, cached by static arguments: clear it a
 os.makedirs(SRC, exist_ok=True)
 
 F = {"p1": cs.compress_store_prefill_kernel, "d1": cs.compress_store_decode_kernel,
-     "p2": cs.compress_store_prefill_kernel_v2, "d2": cs.compress_store_decode_kernel_v2}
+     "p2": cs.compress_store_prefill_kernel_v2, "d2": cs.compress_store_decode_kernel_v2,
+     "p3": cs.compress_store_prefill_kernel_v3, "d3": cs.compress_store_decode_kernel_v3}
 
 def source(kind, fmt, interleaved=True, norm=True, wdt="bfloat16", pdt="int32", sdt="int64", extra=()):
     key = f"{SRC}/{kind}_{fmt}_{int(interleaved)}_{int(norm)}_{wdt}_{pdt}_{sdt}_{'_'.join(map(str, extra))}.cu"
@@ -61,12 +62,12 @@ def run_emu(variant, case, meta, x, state0, p, cache0, extra, order_kind, seed=0
         kw.update(cu_q=meta.cu_seqlens_q.contiguous(), ctx=meta.context_lens.contiguous(),
                   sbi=meta.state_block_idx.contiguous(), cu_c=meta.cu_compressed["2"].contiguous(),
                   num_reqs=nreq, nreq1=nreq + 1, rows=rows, search_steps=cs._search_steps(nreq))
-        per_cta = extra[0] * extra[1]
-        threads = extra[1] * 32
+        per_cta = cs.V3_ROWS if kind == "p3" else extra[0] * extra[1]
+        threads = per_cta * 32 if kind == "p3" else extra[1] * 32
     else:
         kw.update(ctx=meta.context_lens.contiguous(), sbi=meta.state_block_idx.contiguous())
-        per_cta = extra[0]
-        threads = extra[0] * 32
+        per_cta = cs.V3_ROWS if kind == "d3" else extra[0]
+        threads = per_cta * 32
         rows = x.shape[0]
     grid = -(-rows // per_cta)
     order = list(range(grid))
@@ -162,5 +163,14 @@ if __name__ == "__main__":
                 dr = [diff(a, b) for a, b in zip(got, want)]
                 bad += sum(d1)
                 line.append(f"v2{shape}/{order}: vs v1 {d1} vs ref {dr}")
+        # v3 vs v1: prefill (min CTAs per SM, fast arithmetic), decode (fast arithmetic)
+        v3_shapes = [(cs.V3_MIN_CTAS_PER_SM, f) for f in (True, False)] if case.prefill else [(True,), (False,)]
+        if True:
+            for shape in v3_shapes:
+                for order in ("forward", "reverse", "random"):
+                    got = run_emu("v3", case, meta, x, state0, p, cache0, shape, order, seed=len(line))
+                    d1 = [diff(a, b) for a, b in zip(got, v1)]
+                    bad += sum(d1)
+                    line.append(f"v3{shape}/{order}: vs v1 {d1}")
         print(" | ".join(line), f"{time.time() - t0:.1f}s", flush=True)
-    print("MISMATCHES v2 vs v1:", bad)
+    print("MISMATCHES v2 / v3 vs v1:", bad)

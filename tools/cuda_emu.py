@@ -26,6 +26,11 @@ static thread_local dim3_ threadIdx;
 static dim3_ blockIdx;
 struct Warp { std::barrier<>* bar; uint64_t slot[32]; };
 static thread_local Warp* t_warp;
+// a block's threads meet at __syncthreads; dynamic shared memory is one buffer (blocks run one by one),
+// poisoned (0xFF bytes: NaN floats, -1 ints) before every block
+static std::barrier<>* g_block_bar;
+inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+alignas(1024) static uchar buf_dyn_shmem[1 << 17];
 #define __global__
 #define __launch_bounds__(...)
 #define __restrict__
@@ -92,6 +97,8 @@ extern "C" void launch(int grid, int threads, const int* order, {params}) {{
   int warps = threads / 32;
   for (int bi = 0; bi < grid; ++bi) {{
     blockIdx.x = order[bi];
+    std::barrier<> block_bar(threads); g_block_bar = &block_bar;
+    memset(buf_dyn_shmem, 0xFF, sizeof(buf_dyn_shmem));
     std::vector<std::barrier<>*> bars; std::vector<Warp> ws(warps);
     for (int w = 0; w < warps; ++w) {{ ws[w].bar = new std::barrier<>(32); }}
     std::vector<std::thread> ts;
@@ -105,6 +112,10 @@ extern "C" void launch(int grid, int threads, const int* order, {params}) {{
 
 def build(src):
     body = "\n".join(l for l in src.splitlines() if not l.startswith("#"))
+    # dynamic shared memory: the shim's buffer, whatever the kernel names it
+    body = re.sub(r"extern __shared__ (?:__align__\(\d+\) )?(\w+) (\w+)\[\];",
+                  lambda m: "" if m.group(2) == "buf_dyn_shmem" else f"{m.group(1)}* {m.group(2)} = ({m.group(1)}*)buf_dyn_shmem;",
+                  body)
     sig = re.search(r'extern "C" __global__ void (\w+)\((.*?)\);', src)
     kname, params = sig.group(1), sig.group(2)
     params_c = params.replace("__restrict__", "")

@@ -9,6 +9,7 @@ includes the detected target), with the same TILELANG_CACHE_DIR:
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 import time
@@ -33,10 +34,12 @@ def configs():
         if prefill:
             out.append(("p1", static + (cs.PREFILL_ROWS_PER_WARP, cs.WARPS)))
             for rpw in sorted({cs.V2_ROWS_PER_WARP, max(1, cs.V2_ROWS_PER_WARP // 2)}):
-                out.append(("p2", static + (rpw, cs.V2_WARPS, cs.V2_MIN_CTAS_PER_SM)))
+                out.append(("p2", static + (rpw, cs.V2_WARPS, cs.V2_MIN_CTAS_PER_SM, cs.V2_FAST)))
+            out.append(("p3", static + (cs.V3_MIN_CTAS_PER_SM, cs.V2_FAST)))
         else:
             out.append(("d1", static + (cs.DECODE_WARPS,)))
-            out += [("d2", static + (cs.V2_DECODE_WARPS, early)) for early in (False, True)]
+            out += [("d2", static + (cs.V2_DECODE_WARPS, early, cs.V2_FAST)) for early in (False, True)]
+            out.append(("d3", static + (cs.V2_FAST,)))
     # the benchmark's COMPRESS_STORE_SWEEP shapes (1M FP8 tokens without out_norm, b4096q6)
     from benchmarks.bench_compress_store import DECODE_SHAPES, PREFILL_SHAPES
 
@@ -52,7 +55,8 @@ def compile_one(item):
 
     kind, static = item
     factory = {"p1": cs.compress_store_prefill_kernel, "p2": cs.compress_store_prefill_kernel_v2,
-               "d1": cs.compress_store_decode_kernel, "d2": cs.compress_store_decode_kernel_v2}[kind]
+               "d1": cs.compress_store_decode_kernel, "d2": cs.compress_store_decode_kernel_v2,
+               "p3": cs.compress_store_prefill_kernel_v3, "d3": cs.compress_store_decode_kernel_v3}[kind]
     t0 = time.time()
     try:
         factory(*static)
@@ -65,7 +69,8 @@ if __name__ == "__main__":
     workers = int(sys.argv[1]) if len(sys.argv) > 1 else min(8, os.cpu_count() or 1)
     items = configs()
     t0 = time.time()
-    with ProcessPoolExecutor(max_workers=workers) as ex:
+    spawn = multiprocessing.get_context("spawn")  # importing the tests may have initialized CUDA (no fork)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as ex:
         for line in ex.map(compile_one, items):
             print(line, flush=True)
     print(f"warmed {len(items)} kernels in {time.time() - t0:.1f} s with {workers} workers")
