@@ -7,9 +7,9 @@ compressed row never travels through global memory; the ring is updated in the s
 
 Work split (v1 / v2; v3 under Variants): one warp per compressed row, lane ``l`` holding channels
 ``16 l .. 16 l + 15`` (the store macro's layout), ``WARPS`` warps per CTA. Prefill warps take
-``PREFILL_ROWS_PER_WARP`` consecutive rows; a warp finds its first row's request with a 32-ary search over ``cu_compressed`` (each step one load per
-lane and a warp sum, ``ceil(log32(num_reqs))`` steps) and then steps forward row by row (every request
-owns at least one row). Decode has one row per query token.
+``PREFILL_ROWS_PER_WARP`` consecutive rows; a warp finds its first row's request with a 32-ary search
+over ``cu_compressed`` (each step one load per lane and a warp sum, ``ceil(log32(num_reqs))`` steps) and
+then steps forward row by row (every request owns at least one row). Decode has one row per query token.
 
 Ring ordering (same guarantees as the compress kernel, SPEC 1.2-1.3):
 * prefill: only a request's first row can read the ring (the group that began before the chunk). The
