@@ -826,6 +826,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
     win = bmw * 32  # indices per rank window
     wpt = max(1, bmw // THREADS)  # bitmap words per thread in the rank scan
     ZERO, KEY_MAX, NO_BIN = T.uint32(0), T.uint32(0xFFFFFFFF), T.uint32(0xFFFFFFFF)
+    NEG_INF_BITS = T.uint32(0xFF800000)
     TIE = 1 << 16  # packed counts: taken-for-sure in the low 16 bits, ties above
     CLS_TAKE, CLS_TIE, CNT_MASK = 1 << 28, 1 << 29, (1 << 28) - 1
 
@@ -920,6 +921,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             wsum = T.alloc_var("int32")
             cv = T.alloc_var("int32")
             kx = T.alloc_var("uint32")
+            tf = T.alloc_var("float32")  # float filter of the compaction threshold
+            xf = T.alloc_var("float32")
             wd = T.alloc_var("uint32")
             wt = T.alloc_var("uint32")
 
@@ -1014,11 +1017,21 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             for _rnd in T.serial(V3_ROUNDS):
                 if compact != 0:
                     # One read of the row: the keys >= thr (key, index) in any order, counted exactly
-                    # (slots beyond `cap` are not written), with their min and max.
+                    # (slots beyond `cap` are not written), with their min and max. The test is a float
+                    # compare, exact: key(x) >= thr <=> x >= tf or x is NaN, with tf the float of the
+                    # smallest key >= thr (-inf below the -inf key; NaN above the +inf key, where only
+                    # NaN qualifies). Per strip only a ballot (kept in inl[]); the warp's candidates of
+                    # a tile get their slots from one counter add, and only strips with a candidate
+                    # compute keys and store (warp-uniform branches).
                     if tx == 0:
                         s_cnt[0] = 0
                     kmin = KEY_MAX
                     kmax = ZERO
+                    wd = T.if_then_else(thr >= T.uint32(0x80000000),
+                                        T.if_then_else(thr > T.uint32(0xFF800000), T.uint32(0x7FC00000),
+                                                       thr & T.uint32(0x7FFFFFFF)),
+                                        T.if_then_else(thr < T.uint32(0x007FFFFF), NEG_INF_BITS, ~thr))
+                    tf = T.reinterpret("float32", wd)
                     T.sync_threads()
                     for u in T.unroll(UNROLL):
                         i = _lin("v2", 0, u, tx)
@@ -1029,24 +1042,30 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         for u in T.unroll(UNROLL):
                             i = _lin("v2", it + 1, u, tx)
                             kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
+                        wsum = 0
                         for u in T.unroll(UNROLL):
                             i = _lin("v2", it, u, tx)
-                            kx = _key(kb[u])
-                            dm = T.Cast("uint32", T.ballot_sync(T.And(i < e, kx >= thr)))
-                            if dm != ZERO:  # warp-uniform: one counter add per warp and strip
-                                if lane == 0:
-                                    # plain CUDA atomicAdd: a shared-memory ATOMS (tilelang's AtomicAddRet
-                                    # goes through a device-scope atomic_ref: a generic ATOM)
-                                    slot = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[0]),
-                                                         T.Cast("int32", T.popcount(dm)))
-                                slot = T.shfl_sync(slot, 0)
-                                if T.And(i < e, kx >= thr):
-                                    pos = slot + T.Cast("int32", T.popcount(dm & lt))
-                                    kmin = T.min(kmin, kx)
-                                    kmax = T.max(kmax, kx)
-                                    if pos < cap:
-                                        s_ck[pos] = kx
-                                        s_ci[pos] = i
+                            xf = T.reinterpret("float32", kb[u])
+                            inl[u] = T.ballot_sync(T.And(i < e, T.Or(xf >= tf, T.isnan(xf))))
+                            wsum = wsum + T.Cast("int32", T.popcount(T.Cast("uint32", inl[u])))
+                        if wsum != 0:  # warp-uniform: one counter add per warp and tile
+                            if lane == 0:
+                                # plain CUDA atomicAdd: a shared-memory ATOMS (tilelang's AtomicAddRet
+                                # goes through a device-scope atomic_ref: a generic ATOM)
+                                slot = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[0]), wsum)
+                            slot = T.shfl_sync(slot, 0)
+                            for u in T.unroll(UNROLL):
+                                dm = T.Cast("uint32", inl[u])
+                                if dm != ZERO:  # warp-uniform
+                                    if ((dm >> T.Cast("uint32", lane)) & T.uint32(1)) != ZERO:
+                                        kx = _key(kb[u])
+                                        kmin = T.min(kmin, kx)
+                                        kmax = T.max(kmax, kx)
+                                        pos = slot + T.Cast("int32", T.popcount(dm & lt))
+                                        if pos < cap:
+                                            s_ck[pos] = kx
+                                            s_ci[pos] = _lin("v2", it, u, tx)
+                                    slot = slot + T.Cast("int32", T.popcount(dm))
                     for o in (16, 8, 4, 2, 1):
                         kmin = T.min(kmin, T.shfl_xor(kmin, o))
                         kmax = T.max(kmax, T.shfl_xor(kmax, o))
