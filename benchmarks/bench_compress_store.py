@@ -108,8 +108,9 @@ def _case(h, case, args, kw, nbytes, fused, two_kernel, twin, compiled, tiny):
     peers = {"two_kernel": time_peer("two_kernel", lambda: two_kernel(*args, **kw), timer)}
     from tilelang_ops.compress_store import VARIANT, VARIANTS
 
+    default = VARIANT[fused.__name__.rsplit("_", 1)[1]]  # compress_store_prefill / _decode
     for v in VARIANTS:  # the other variants (same bytes) as peers
-        if v != VARIANT:
+        if v != default:
             other = functools.partial(fused, variant=v)
             peers[v] = time_peer(v, lambda other=other: other(*args, **kw), timer)
     eager = time_peer("eager", lambda: twin(*args, **kw), timer)

@@ -532,7 +532,7 @@ def _sync():
 
 
 def _fused(variant=None):
-    """The fused wrappers, pinned to ``variant`` (None: the module's default, ``VARIANT``)."""
+    """The fused wrappers, pinned to ``variant`` (None: the module's defaults, ``VARIANT``)."""
     from tilelang_ops.compress_store import compress_store_decode, compress_store_prefill
 
     if variant is None:
@@ -687,8 +687,8 @@ def test_gpu_kernel_expf_is_torch_exp():
     assert mismatches == 0, f"{mismatches} arguments differ; first (d, expf, torch.exp): {first}"
 
 
-# Each variant on its own (a failure names the variant: the lead flips ``VARIANT`` back to "v1" if
-# only v2 fails). Prefill with ring reads, straddling groups, nc = 0 chunks, long chunks, request
+# Each variant on its own (a failure names the variant: the lead flips ``VARIANT`` to another one if
+# only one fails). Prefill with ring reads, straddling groups, nc = 0 chunks, long chunks, request
 # boundaries inside a warp's rows, int64 metadata; decode q1 / q6 at the minimum ring.
 VARIANT_CASE_IDS = ("p_fp8_b7_len9_min_ring", "p_fp4_b64_len300_half_w32_i64",
                     "p_fp4_b1000_len3_odd_min_ring", "p_fp8_b4_len8192_min_ring_odd",

@@ -33,18 +33,20 @@ mean cannot be imported: it is written inline in its prim_func for another threa
 per thread, per-block metadata in shared memory); ``make_gated_mean`` is the same operation order
 for the store macro's layout (16 channels per lane).
 
-Variants (``VARIANT``, or ``variant=`` per call): "v3" (default) splits a CTA's work into two layouts:
-its four rows' gated means with the compress kernel's layout (thread t: channels 4t .. 4t+3, every
-row's loads issued at once) into shared memory, a barrier, then one warp per row runs the store
-macro. It needs no pipeline state (112-119 registers, 16 warps per SM against v2's 12), and CTAs in
-different phases overlap on an SM. Decode loads the CTA's tokens and the r - 1 before them in one trip,
-so in-step neighbours come from registers. "v2" pipelines each warp's rows (row k's loads are in
-flight while row k-1 is normalized, cast and stored), computes one ``expf`` per channel for r = 2
-(the other weight is expf(+0) = 1 exactly; non-finite scores fall back to v1's sequence; v3 uses the
-same macro), keeps ring entries in int32 and, in decode, loads the previous token's inputs
-speculatively with the token's own. "v1" is the first version, verified on the H200. All give the
-same bytes (CPU emulation of the generated CUDA, tools/check_compress_store_emu.py; GPU tests of each
-variant).
+Variants (``VARIANT`` per operation, or ``variant=`` per call): "v3" (the decode default) splits a CTA's
+work into two layouts: its four rows' gated means with the compress kernel's layout (thread t: channels
+4t .. 4t+3, every row's loads issued at once) into shared memory, a barrier, then one warp per row runs
+the store macro. It needs no pipeline state (112-119 registers, 16 warps per SM against v2's 12), and
+CTAs in different phases overlap on an SM. Decode loads the CTA's tokens and the r - 1 before them in
+one trip, so in-step neighbours come from registers. Decode gains (b4096q6 90 -> 77 us, b64q6 5.2 -> 4.3
+us); prefill loses (1M FP8 tokens 1202 -> 1403 us: each CTA's barrier-separated phases leave its SM's
+memory pipe idle more than v2's per-warp pipeline does, probably; not profiled). "v2" (the prefill
+default) pipelines each warp's rows (row k's loads are in flight while row k-1 is normalized, cast and
+stored), computes one ``expf`` per channel for r = 2 (the other weight is expf(+0) = 1 exactly; non-
+finite scores fall back to v1's sequence; v3 uses the same macro), keeps ring entries in int32 and, in
+decode, loads the previous token's inputs speculatively with the token's own. "v1" is the first version,
+verified on the H200. All give the same bytes (CPU emulation of the generated CUDA,
+tools/check_compress_store_emu.py; GPU tests of each variant).
 
 Metadata that is out of range (slots, tokens, requests) makes a row skip (no store, no out_norm, no
 ring write); it never reads or writes outside the tensors. Nothing is returned (see
@@ -75,14 +77,16 @@ WARPS = 4  # prefill warps per CTA
 PREFILL_ROWS_PER_WARP = 4  # amortizes the request search over a few rows
 DECODE_WARPS = 4  # decode warps (query tokens) per CTA
 F4 = 4  # FP32 elements per 16-byte vector access
-# Launch path. "v3" (default): a CTA's gated means in the compress kernel's layout (4 channels per
-# thread) into shared memory, then one warp per row runs the store macro (see the v3 factories).
-# "v2": software-pipelined rows per warp, one expf per channel for r = 2, int32 ring entries,
-# speculative in-step neighbour loads in decode. "v1": the first fused kernel, verified bitwise against
-# the two-kernel pipeline on the H200. All stay selectable so a GPU run compares them (tests, benchmark
-# peers) and the default can be flipped back.
+# Launch path per operation. "v3" (decode default): a CTA's gated means in the compress kernel's layout (4
+# channels per thread) into shared memory, then one warp per row runs the store macro (see the v3
+# factories). "v2" (prefill default): software-pipelined rows per warp, one expf per channel for r = 2,
+# int32 ring entries, speculative in-step neighbour loads in decode. "v1": the first fused kernel,
+# verified bitwise against the two-kernel pipeline on the H200. All stay selectable so a GPU run compares
+# them (tests, benchmark peers) and the default can be flipped back.
+# On the H200 (us, v2 -> v3): prefill 1M FP8 tokens 1202 -> 1403, 64K 90.0 -> 93.9, 1M FP4 1261 -> 1404;
+# decode b1q1 2.0 -> 2.3, b64q6 5.2 -> 4.3, b4096q6 89.9 -> 76.9.
 VARIANTS = ("v1", "v2", "v3")
-VARIANT = "v3"
+VARIANT = {"prefill": "v2", "decode": "v3"}
 V2_WARPS = 4  # v2 prefill warps per CTA
 V2_ROWS_PER_WARP = 8  # v2 prefill rows per warp (the pipeline's depth in time: one prologue per warp)
 V2_MIN_CTAS_PER_SM = 3  # v2 prefill __launch_bounds__ minimum (<= 168 registers: 12 warps per SM)
@@ -1041,8 +1045,8 @@ def _decode_kernel_v3(*static):
 V2_MANY_ROWS = 131072
 
 
-def _variant(variant):
-    v = VARIANT if variant is None else variant
+def _variant(variant, op):
+    v = VARIANT[op] if variant is None else variant
     if v not in VARIANTS:
         raise ValueError(f"compress_store: variant must be one of {VARIANTS}, got {v!r}")
     return v
@@ -1075,7 +1079,8 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
     fp32 (in place), cu_seqlens_q/context_lens/state_block_idx/cu_compressed int32 metadata,
     norm_weight [D] bf16/fp32, cos/sin [max_position, rope_dim/2] fp32, positions/slot_mapping
     [rows] int32/int64, kv_cache uint8 (in place), out_norm optional [rows, D] bf16. Returns None.
-    ``variant``: "v1" / "v2" (None: the module's ``VARIANT``); same bytes, different launch path.
+    ``variant``: "v1" / "v2" / "v3" (None: the module's ``VARIANT["prefill"]``); same bytes, different
+    launch path.
     """
     dims = check_compress_store_prefill_args(
         projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
@@ -1091,7 +1096,7 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
     if dims.store.rows == 0:
         return
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
-    v = _variant(variant)
+    v = _variant(variant, "prefill")
     if v == "v1":
         launch = _prefill_kernel(*static, PREFILL_ROWS_PER_WARP, WARPS)
     elif v == "v3":
@@ -1127,7 +1132,7 @@ def compress_store_decode(projected_kv, state_cache, context_lens, state_block_i
     if dims.store.rows == 0:
         return
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
-    v = _variant(variant)
+    v = _variant(variant, "decode")
     if v == "v1":
         launch = _decode_kernel(*static, DECODE_WARPS)
     elif v == "v3":
