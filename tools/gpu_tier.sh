@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU tier in one go on a CUDA machine: the kernel test files run as parallel pytest processes
-# (their JIT compiles overlap on the CPU cores; the kernels are small next to the GPU), the rest of the
+# The GPU tier in one go on a CUDA machine: each kernel test file runs as SHARDS (default 3) parallel
+# pytest processes on contiguous slices of its tests (`--shard I/N`, tests/conftest.py), so their JIT
+# compiles overlap on the CPU cores (the kernels are small next to the GPU), the rest of the
 # tests in one more process, then `make diff`, then the benchmarks alone on the GPU so timings are
 # clean. Logs go to $LOG_DIR (default gpu_logs/). Same tests as `make test`, only faster.
 #
@@ -14,11 +15,14 @@ other_tests=()
 for f in tests/test_*.py; do
   case " ${kernel_tests[*]} " in *" $f "*) ;; *) other_tests+=("$f") ;; esac
 done
+SHARDS=${SHARDS:-3}
 pids=()
 for f in "${kernel_tests[@]}"; do
-  timeout "${TEST_TIMEOUT:-420}" python -m pytest "$f" -q -p no:cacheprovider --durations=5 \
-    > "$LOG_DIR/$(basename "$f" .py).log" 2>&1 &
-  pids+=($!)
+  for ((i = 0; i < SHARDS; i++)); do
+    timeout "${TEST_TIMEOUT:-420}" python -m pytest "$f" -q -p no:cacheprovider --durations=5 \
+      --shard "$i/$SHARDS" > "$LOG_DIR/$(basename "$f" .py).$i.log" 2>&1 &
+    pids+=($!)
+  done
 done
 timeout "${TEST_TIMEOUT:-420}" python -m pytest "${other_tests[@]}" -q -p no:cacheprovider \
   > "$LOG_DIR/test_other.log" 2>&1 &
