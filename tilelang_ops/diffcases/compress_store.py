@@ -128,14 +128,18 @@ def build_check():
         BUILD_SHAPES,
         compress_store_decode_kernel,
         compress_store_decode_kernel_v2,
+        compress_store_decode_kernel_v3,
         compress_store_prefill_kernel,
         compress_store_prefill_kernel_v2,
+        compress_store_prefill_kernel_v3,
     )
 
     built = []
     for name, r in BUILD_SHAPES:
-        for kind, factory in (("prefill", compress_store_prefill_kernel_v2),
-                              ("decode", compress_store_decode_kernel_v2),
+        for kind, factory in (("prefill_v2", compress_store_prefill_kernel_v2),
+                              ("decode_v2", compress_store_decode_kernel_v2),
+                              ("prefill_v3", compress_store_prefill_kernel_v3),
+                              ("decode_v3", compress_store_decode_kernel_v3),
                               ("prefill_v1", compress_store_prefill_kernel),
                               ("decode_v1", compress_store_decode_kernel)):
             compile_for_sm90(factory, name, r, 64, True, True, "bfloat16", "int32", "int32")
