@@ -795,7 +795,9 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # unordered candidate compaction (one shared counter, warp-aggregated adds, no block scans or
 # barriers per tile), [lo, hi] taken straight from the candidates' [min, max] (all-equal / few-distinct
 # rows finish without a radix pass), a final rank by index over the short list through index bitmaps,
-# an early exit of the ordered pass over the row, and no row cache.
+# an early exit of the ordered pass over the row, and no row cache. Rows of one tile (e <= TILE) keep
+# their keys in registers (src 3): radix passes and the ordered pass run on them, no list or bitmaps.
+# Warp reductions (min / max / sums of packed counts) are single REDUX instructions.
 V3_BMW = 2048  # bitmap words per class (taken / tie): ranks are computed over windows of 65536 indices
 V3_ROUNDS = PASSES + 2  # first compaction, <= 3 radix passes, at most one fallback compaction
 
@@ -810,6 +812,20 @@ def _key(bits):
     b = T.if_then_else(bits == T.uint32(0x80000000), T.uint32(0), bits)
     return T.if_then_else((b & T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000), T.uint32(0xFFFFFFFF),
                           T.if_then_else(b >= T.uint32(0x80000000), ~b, b | T.uint32(0x80000000)))
+
+
+def _warp_min(x):
+    """Minimum of a uint32 over the warp (one REDUX instead of a five-step shuffle tree)."""
+    return T.call_extern("uint32", "__reduce_min_sync", T.uint32(0xFFFFFFFF), x)
+
+
+def _warp_max(x):
+    return T.call_extern("uint32", "__reduce_max_sync", T.uint32(0xFFFFFFFF), x)
+
+
+def _warp_sum(x):
+    """Sum of an int32 over the warp (REDUX; packed counts add without carries between fields)."""
+    return T.call_extern("int32", "__reduce_add_sync", T.uint32(0xFFFFFFFF), x)
 
 
 @tilelang.jit(pass_configs={**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
@@ -886,7 +902,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             kk = T.alloc_var("int32")  # lanes still to find among the keys in [lo, hi]
             done = T.alloc_var("int32")
             take_all = T.alloc_var("int32")
-            src = T.alloc_var("int32")  # where the radix passes read keys: 0 the row, 2 the candidates
+            src = T.alloc_var("int32")  # where keys come from: 0 the row, 2 the candidates, 3 registers
             ne = T.alloc_var("int32")
             cnt = T.alloc_var("int32")
             compact = T.alloc_var("int32")  # 1: compact keys >= thr (sampled bound), 2: >= lo (fallback)
@@ -955,7 +971,32 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         emit(scores, offset, cand, table, values, indices, row, base, q * THREADS + tx,
                              q * THREADS + tx)
 
-            if T.And(take_all == 0, e > cap):
+            if T.And(take_all == 0, e <= TILE):
+                # Short rows (one tile): the keys stay in registers (src 3; key 0, below every real
+                # key, past the end); the radix passes and the ordered pass run on them, so there is
+                # no candidate list, no bitmap rank and no second read.
+                for u in T.unroll(UNROLL):
+                    i = _lin("v2", 0, u, tx)
+                    kb[u] = T.if_then_else(i < e, _key(raw(scores, base + i)), ZERO)
+                kmin = KEY_MAX
+                kmax = ZERO
+                for u in T.unroll(UNROLL):
+                    kmin = T.min(kmin, T.if_then_else(kb[u] == ZERO, KEY_MAX, kb[u]))
+                    kmax = T.max(kmax, kb[u])
+                kmin = _warp_min(kmin)
+                kmax = _warp_max(kmax)
+                if lane == 0:
+                    s_mm[0, warp] = kmin
+                    s_mm[1, warp] = kmax
+                T.sync_threads()
+                lo = _warp_min(s_mm[0, lane])
+                hi = _warp_max(s_mm[1, lane])
+                done = T.if_then_else(lo == hi, 1, 0)
+                src = 3
+                compact = 0
+                T.sync_threads()  # s_mm is rewritten by the first pass
+
+            if T.And(take_all == 0, T.And(src == 0, e > cap)):
                 # Longer rows: a lower bound thr of the threshold from a sample (256 runs of 32 spread
                 # over the row): the bin of its kt-th largest key, kt ~ 1.25x the expected winners. Used
                 # only if exactly counted k <= count (then every winner is >= thr).
@@ -966,9 +1007,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 for u in T.unroll(UNROLL):
                     kmin = T.min(kmin, kb[u])
                     kmax = T.max(kmax, kb[u])
-                for o in (16, 8, 4, 2, 1):
-                    kmin = T.min(kmin, T.shfl_xor(kmin, o))
-                    kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                kmin = _warp_min(kmin)
+                kmax = _warp_max(kmax)
                 if lane == 0:
                     s_mm[0, warp] = kmin
                     s_mm[1, warp] = kmax
@@ -977,9 +1017,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 T.sync_threads()
                 kmin = s_mm[0, lane]
                 kmax = s_mm[1, lane]
-                for o in (16, 8, 4, 2, 1):
-                    kmin = T.min(kmin, T.shfl_xor(kmin, o))
-                    kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                kmin = _warp_min(kmin)
+                kmax = _warp_max(kmax)
                 thr = kmin
                 if kmin != kmax:
                     sh = T.max(0, 21 - T.Cast("int32", T.clz(kmax - kmin)))
@@ -1003,8 +1042,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         s_scan[0, warp] = incl
                     T.sync_threads()
                     tmp = T.if_then_else(lane < warp, s_scan[0, lane], 0)
-                    for o in (16, 8, 4, 2, 1):
-                        tmp = tmp + T.shfl_xor(tmp, o)
+                    tmp = _warp_sum(tmp)
                     wpre = tmp + incl - c
                     if wpre < kt and kt <= wpre + h_hi:
                         s_sel[0] = BINS - 1 - 2 * tx
@@ -1066,9 +1104,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                             s_ck[pos] = kx
                                             s_ci[pos] = _lin("v2", it, u, tx)
                                     slot = slot + T.Cast("int32", T.popcount(dm))
-                    for o in (16, 8, 4, 2, 1):
-                        kmin = T.min(kmin, T.shfl_xor(kmin, o))
-                        kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                    kmin = _warp_min(kmin)
+                    kmax = _warp_max(kmax)
                     if lane == 0:
                         s_mm[0, warp] = kmin
                         s_mm[1, warp] = kmax
@@ -1076,9 +1113,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     m = s_cnt[0]
                     kmin = s_mm[0, lane]
                     kmax = s_mm[1, lane]
-                    for o in (16, 8, 4, 2, 1):
-                        kmin = T.min(kmin, T.shfl_xor(kmin, o))
-                        kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                    kmin = _warp_min(kmin)
+                    kmax = _warp_max(kmax)
                     if compact == 2:
                         src = 2  # the keys >= lo: m == k - kk + cnt <= cap, checked before
                         ne = m
@@ -1109,7 +1145,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             i = _lin("v2", it, u, tx)
                             if src == 2:
                                 kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
-                            else:
+                            elif src == 0:
                                 kb[u] = kn[u]
                         if src == 0:
                             for u in T.unroll(UNROLL):
@@ -1141,9 +1177,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         incl = incl + T.if_then_else(lane >= o, tmp, 0)
                     if lane == 31:
                         s_scan[0, warp] = incl
-                    for o in (16, 8, 4, 2, 1):
-                        kmin = T.min(kmin, T.shfl_xor(kmin, o))
-                        kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                    kmin = _warp_min(kmin)
+                    kmax = _warp_max(kmax)
                     if lane == 0:
                         s_mm[0, warp] = kmin
                         s_mm[1, warp] = kmax
@@ -1151,10 +1186,9 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     tmp = T.if_then_else(lane < warp, s_scan[0, lane], 0)
                     kmin = s_mm[0, lane]
                     kmax = s_mm[1, lane]
-                    for o in (16, 8, 4, 2, 1):
-                        tmp = tmp + T.shfl_xor(tmp, o)
-                        kmin = T.min(kmin, T.shfl_xor(kmin, o))
-                        kmax = T.max(kmax, T.shfl_xor(kmax, o))
+                    tmp = _warp_sum(tmp)
+                    kmin = _warp_min(kmin)
+                    kmax = _warp_max(kmax)
                     wpre = tmp + incl - c  # keys in bins above my two bins
                     if wpre < kk and kk <= wpre + h_hi:
                         s_sel[0] = BINS - 1 - 2 * tx
@@ -1215,9 +1249,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         T.sync_threads()
                         wtot = s_scan[0, lane]
                         tmp = T.if_then_else(lane < warp, wtot, 0)
-                        for o in (16, 8, 4, 2, 1):
-                            tmp = tmp + T.shfl_xor(tmp, o)
-                            wtot = wtot + T.shfl_xor(wtot, o)
+                        tmp = _warp_sum(tmp)
+                        wtot = _warp_sum(wtot)
                         wpre = run_def + tmp + incl - c  # packed counts before my first word
                         for x in T.unroll(wpt):
                             if tx * wpt + x < bmw:
@@ -1248,20 +1281,24 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)
                     run_def = 0
                     run_tie = 0
-                    for u in T.unroll(UNROLL):
-                        i = _lin("v2", 0, u, tx)
-                        kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
+                    if src == 0:
+                        for u in T.unroll(UNROLL):
+                            i = _lin("v2", 0, u, tx)
+                            kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
                     for it in T.serial(T.ceildiv(e, TILE)):
                         if T.Or(run_def < k - kk, run_tie < kk):
-                            for u in T.unroll(UNROLL):
-                                kb[u] = kn[u]
-                            for u in T.unroll(UNROLL):
-                                i = _lin("v2", it + 1, u, tx)
-                                kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
+                            if src == 0:  # else (src 3) the one tile's keys are in kb already
+                                for u in T.unroll(UNROLL):
+                                    kb[u] = kn[u]
+                                for u in T.unroll(UNROLL):
+                                    i = _lin("v2", it + 1, u, tx)
+                                    kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
+                                for u in T.unroll(UNROLL):
+                                    kb[u] = _key(kb[u])
                             wsum = 0
                             for u in T.unroll(UNROLL):
                                 i = _lin("v2", it, u, tx)
-                                kx = _key(kb[u])
+                                kx = kb[u]
                                 cv = 0
                                 if i < e:
                                     if kx > hi:
@@ -1281,9 +1318,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             T.sync_threads()
                             wtot = s_scan[it % 2, lane]
                             tmp = T.if_then_else(lane < warp, wtot, 0)
-                            for o in (16, 8, 4, 2, 1):
-                                tmp = tmp + T.shfl_xor(tmp, o)
-                                wtot = wtot + T.shfl_xor(wtot, o)
+                            tmp = _warp_sum(tmp)
+                            wtot = _warp_sum(wtot)
                             for u in T.unroll(UNROLL):
                                 i = _lin("v2", it, u, tx)
                                 wpre = tmp + (inl[u] & CNT_MASK)

@@ -37,9 +37,20 @@ _real_factory = tk.topk_kernel
 _real_v3 = tk.topk_kernel_v3
 _kernels = {}
 SEED = [0]
-# CUDA atomics v3 calls directly (shared counter add returning the old value, bitmap or)
+# CUDA intrinsics v3 calls directly (shared counter add returning the old value, bitmap or, warp reductions)
 EMU_EXTRA = """inline int emu_atomicAdd(int* a, int v) { int o = *a; *a = o + v; return o; }
 inline uint emu_atomicOr(uint* a, uint v) { uint o = *a; *a = o | v; return o; }
+// warp reductions (REDUX): all 32 lanes meet at the call site, as for the shuffles
+template <class T> inline T emu_redux(int line, T v, int op) {
+  return from_u64<T>(warp_xchg(line, to_u64(v), [&](int q, uint64_t* s) {
+    T r = from_u64<T>(s[0]);
+    for (int j = 1; j < 32; ++j) { T x = from_u64<T>(s[j]); r = op == 0 ? (x < r ? x : r) : op == 1 ? (x > r ? x : r) : (T)((uint)r + (uint)x); }
+    return to_u64(r); }));
+}
+// (functions, not macros: the emulator drops preprocessor lines; __builtin_LINE() is the call site)
+inline uint __reduce_min_sync(uint, uint v, int line = __builtin_LINE()) { return emu_redux(line, v, 0); }
+inline uint __reduce_max_sync(uint, uint v, int line = __builtin_LINE()) { return emu_redux(line, v, 1); }
+inline int __reduce_add_sync(uint, int v, int line = __builtin_LINE()) { return emu_redux(line, v, 2); }
 """
 
 
