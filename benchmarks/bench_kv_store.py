@@ -1,12 +1,15 @@
 """norm_rope_hadamard_cast_store: the TileLang kernel vs the vectorized torch twin (eager and
 torch.compile). Bytes = BF16 rows read + cache bytes written (no out_norm in these cases).
 
-The default variant (v3) is reported with the previous one (v2) as peer ``v2``. KV_STORE_SWEEP=1 also
-times v3's launch shapes in ``SWEEP`` (chunks, rows per thread, min CTAs per SM) at 1M rows (lines ``SWEEP
-kv_store ...``; tuning data for ``tilelang_ops.kv_store.CHUNKS`` / ``ROWS_PER_THREAD_V3``, not reported)."""
+The default variant (v3) is reported with the previous one (v2) as peer ``v2`` and, for the FP4 formats,
+v3 with its cast options on as peer ``v3opt`` (``OPTION_PEERS``; e2m1_bf16x2 / scale_mul, off by default
+until timed). KV_STORE_SWEEP=1 also times v3's launch shapes in ``SWEEP`` (chunks, rows per thread, min
+CTAs per SM, cast options) at 1M rows (lines ``SWEEP kv_store ...``; tuning data for
+``tilelang_ops.kv_store.CHUNKS`` / ``ROWS_PER_THREAD_V3`` / ``V3_OPTIONS``, not reported)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -22,6 +25,7 @@ FORMATS = ((FP8_MAIN_KV_FORMAT, False), (FP4_MAIN_KV_FORMAT, False), (FP4_INDEX_
 ROWS_PER_BLOCK = 64
 MAX_POSITION = 8192
 TINY = 64  # at or below this many rows, time CUDA-graph replays (launch-bound)
+OPTION_PEERS = {"fp4_main": "scale_mul", "fp4_index": "e2m1_bf16x2"}  # KV_STORE_V3_OPTIONS of peer v3opt
 
 
 def _inputs(fmt, rows):
@@ -52,22 +56,46 @@ def run(h: Harness) -> None:
             compile_us = None if compiled is None else time_peer(
                 f"compile {fmt.name} rows{rows}", lambda: compiled(*args, **kw), timer)  # noqa: B023
             v2_us = timer(lambda: norm_rope_hadamard_cast_store(*args, **kw, variant="v2"))  # noqa: B023
+            peers = {"v2": v2_us}
+            if fmt.name in OPTION_PEERS:
+                with _env(KV_STORE_V3_OPTIONS=OPTION_PEERS[fmt.name]):
+                    peers["v3opt"] = timer(
+                        lambda: norm_rope_hadamard_cast_store(*args, **kw, variant="v3"))  # noqa: B023
             nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
             h.report(OP, f"{fmt.name}_rows{rows}", nbytes, us, eager_us=eager_us, compile_us=compile_us,
-                     peers={"v2": v2_us})
+                     peers=peers)
             del kv, cache
             torch.cuda.empty_cache()
     if os.environ.get("KV_STORE_SWEEP", "0") == "1":
         sweep()
 
 
-# (chunks per lane, rows per thread, min CTAs per SM) per format. The min-CTAs entries cap registers
-# (sm_90a, 128 threads, no spill unless noted): fp8 R=2 119 -> 96 (48 B stack); R=1 90 -> 79 (6) / 72
-# (7, 32 B stack); fp4 R=1 90 -> 80 (6) / 72 (7, 32 B); fp4 index R=1 102 -> 96 (5, 8 B); bf16 R=2 120 -> 96.
+# (chunks per lane, rows per thread, min CTAs per SM[, v3 cast options]) per format. The min-CTAs entries
+# cap registers (sm_90a, 128 threads, no spill unless noted): fp8 R=2 119 -> 96 (48 B stack); R=1 90 -> 79
+# (6) / 72 (7, 32 B stack); fp4 R=1 90 -> 80 (6) / 72 (7, 32 B); fp4 index R=1 102 -> 96 (5, 8 B); bf16 R=2
+# 120 -> 96. With the cast options (96 registers at 5 CTAs): fp4 main R=2 16 B stack (as without),
+# fp4 index R=1 none (4 B without); SASS per thread 1736 -> 1680 and 1272 -> 1096.
 SWEEP = {"fp8_main": ((2, 2, 0), (2, 2, 5), (2, 1, 0), (2, 1, 6), (2, 1, 7)),
-         "fp4_main": ((2, 1, 0), (2, 1, 6), (2, 1, 7), (2, 2, 5)),
-         "fp4_index": ((2, 1, 0), (2, 1, 5), (2, 1, 6)),
+         "fp4_main": ((2, 1, 0), (2, 1, 6), (2, 1, 7), (2, 2, 5), (2, 2, 5, "scale_mul"),
+                      (2, 1, 6, "scale_mul")),
+         "fp4_index": ((2, 1, 0), (2, 1, 5), (2, 1, 6), (2, 1, 5, "e2m1_bf16x2"), (2, 1, 6, "e2m1_bf16x2"),
+                       (2, 1, 0, "e2m1_bf16x2")),
          "bf16": ((2, 2, 0), (2, 2, 5))}
+
+
+@contextlib.contextmanager
+def _env(**env):
+    """Set environment variables for the block (the kernel wrapper reads its overrides per call)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: str(v) for k, v in env.items()})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
 
 
 def _warm(item):
@@ -81,12 +109,12 @@ def sweep() -> None:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store, v3_options
 
     rows = 1 << 20
     items = [(fmt.name, 64, True, hadamard, False, ROWS_PER_BLOCK if fmt.block_sections else 1, "bfloat16",
-              "int64", "int64", rpt, chunks, mc)
-             for fmt, hadamard in FORMATS for chunks, rpt, mc in SWEEP[fmt.name]]
+              "int64", "int64", e[1], e[0], e[2]) + v3_options(fmt, _opts(e))
+             for fmt, hadamard in FORMATS for e in SWEEP[fmt.name]]
     spawn = multiprocessing.get_context("spawn")  # the parent may hold a CUDA context already
     with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1), mp_context=spawn) as ex:
         list(ex.map(_warm, items))
@@ -95,18 +123,21 @@ def sweep() -> None:
         args = (kv, w, 1e-6, cos, sin, pos, slots, cache, fmt)
         del kv, cache
         nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
-        for chunks, rpt, mc in SWEEP[fmt.name]:
-            env = {"KV_STORE_ROWS_PER_THREAD": rpt, "KV_STORE_CHUNKS": chunks, "KV_STORE_MIN_CTAS": mc}
-            os.environ.update({k: str(v) for k, v in env.items()})
-            try:
+        for e in SWEEP[fmt.name]:
+            chunks, rpt, mc = e[:3]
+            opts = ",".join(_opts(e)) or "none"
+            with _env(KV_STORE_ROWS_PER_THREAD=rpt, KV_STORE_CHUNKS=chunks, KV_STORE_MIN_CTAS=mc,
+                      KV_STORE_V3_OPTIONS=opts):
                 us = _time_kernel(norm_rope_hadamard_cast_store, args, hadamard)
-            finally:
-                for k in env:
-                    del os.environ[k]
             print(f"SWEEP {OP} {fmt.name}_rows{rows} chunks={chunks} rows_per_thread={rpt} min_ctas={mc} "
-                  f"us={us:.1f} GBps={nbytes / us / 1e3:.0f}", flush=True)
+                  f"options={opts} us={us:.1f} GBps={nbytes / us / 1e3:.0f}", flush=True)
         args = None  # free the cache before the next case's allocation
         torch.cuda.empty_cache()
+
+
+def _opts(entry) -> tuple:
+    """A SWEEP entry's v3 cast option names (the optional fourth field, comma-separated)."""
+    return tuple(n for n in (entry[3] if len(entry) > 3 else "").split(",") if n)
 
 
 def _time_kernel(fn, args, hadamard) -> float:

@@ -232,6 +232,88 @@ def test_e2m1_kernel_expression_exhaustive():
     assert torch.equal(e2m1_words_kernel_expression_v3(x), _pack_e2m1_words(cast_to_e2m1_codes(x)))
 
 
+# ---- the v3 cast options (make_row_store's e2m1_bf16x2 and scale_mul), ported op for op ----
+
+_ALL_BF16 = torch.arange(0, 0x7F80, dtype=torch.int32)  # every finite non-negative BF16 bit pattern
+
+
+def test_option_scales_equal_reference_on_every_bf16_amax():
+    """The cast input is BF16, so amax is BF16-valued (or the BF16 floor): on every such amax, the
+    division-free scales equal the reference's. e2m1_bf16x2 (UE8M0): biased exponent
+    ((bits16(amax) + 0x3F) >> 7) - 2 (amax / 6 rounds up to 2^(E-2) when its mantissa m <= 1.5, else
+    2^(E-1)); scale_mul (e4m3): e4m3(min(RN(amax * RN(1/6)), 448)) instead of e4m3(min(RN(amax / 6), 448))."""
+    idx, main = FORMATS["fp4_index"], FORMATS["fp4_main"]
+    amax = (_ALL_BF16 << 16).view(torch.float32)
+    a = amax.clamp_min(idx.amax_floor)
+    _, want = ue8m0_scale(a, 6.0)
+    got = ((a.view(torch.int32) >> 16) + 0x3F >> 7) - 2
+    assert torch.equal(got.to(torch.uint8), want)
+    a = amax.clamp_min(main.amax_floor)
+    _, want = e4m3_scale(a)
+    got = cast_to_e4m3_bits((a * f32(1.0 / 6.0)).clamp_max(448.0))
+    assert torch.equal(got, want)
+    # a mutant must fail: the quotient rounded up one step more often
+    assert not torch.equal((((a.view(torch.int32) >> 16) + 0x40 >> 7) - 2).to(torch.uint8), ue8m0_scale(
+        amax.clamp_min(idx.amax_floor), 6.0)[1])
+
+
+def e2m1_bf16x2_codes(y: torch.Tensor, e: int) -> torch.Tensor:
+    """make_row_store(e2m1_bf16x2=True)'s code of BF16 y under the UE8M0 scale 2^(e - 127), op for op
+    (one half of a pair): G = max(bits(|y|) & 0x7F80, e << 7); M = G + (G >> 6) + (128 - e) * 130 + 512;
+    t = RN_bf16(|y| * 2^(128 - e) + M) (the FMA: exact product; FP32 here, exact for these operands
+    before the one BF16 rounding that matters); code = bits(t) & 15, sign bit 3 from y."""
+    yb = y.view(torch.int16).int() & 0xFFFF
+    a = yb & 0x7FFF
+    g = torch.clamp_min(a & 0x7F80, e << 7)
+    m = g + (g >> 6) + (128 - e) * 130 + 512
+    assert int(m.min()) >= 0 and int(m.max()) < 1 << 16  # per-half sums stay in range (one 32-bit add)
+    mag = (a << 16).view(torch.float32) * 2.0 ** (128 - e)
+    t = (mag + (m << 16).view(torch.float32)).to(torch.bfloat16).view(torch.int16).int() & 0xFFFF
+    return ((t & 15) | ((yb >> 12) & 8)).to(torch.uint8)
+
+
+def _byte_perm(x: torch.Tensor, y: torch.Tensor, sel: int) -> torch.Tensor:
+    """CUDA __byte_perm on int64 tensors holding uint32: byte n = byte (sel >> 4n) & 7 of {y, x}."""
+    v = (y << 32) | x
+    return sum(((v >> (8 * ((sel >> (4 * n)) & 7))) & 0xFF) << (8 * n) for n in range(4))
+
+
+def test_e2m1_bf16x2_encode_exhaustive():
+    """Every BF16 y (both signs) with |y| <= 6 sf, for scale exponents at both ends and around 2^0: the
+    option's code equals the reference's cast of the FP32 y * (1 / sf); then its packing (two byte
+    permutes of the pair words, the signs of y into bit 3, nibble pairs, a last permute) equals the
+    cache's nibble order. A wrong grid offset is caught."""
+    fmt = FORMATS["fp4_index"]
+    y = torch.cat([_ALL_BF16, _ALL_BF16 | 0x8000]).to(torch.int16).view(torch.bfloat16)
+    for e in (1, 2, 3, 60, 124, 125, 126, 127, 128, 129, 130, 200, 251, 252, 253):
+        sf = torch.tensor(2.0 ** (e - 127), dtype=torch.float32)
+        yv = y[y.float().abs() <= 6 * sf.item()]
+        want = cast_to_e2m1_codes(yv.float() * (torch.tensor(1.0) / sf))
+        got = e2m1_bf16x2_codes(yv, e)
+        bad = (got != want).nonzero().flatten()[:4]
+        assert bad.numel() == 0, (e, yv[bad].float().tolist(), got[bad].tolist(), want[bad].tolist())
+    assert fmt.qmax == 6.0 and fmt.scale_dtype == "ue8m0"
+    # packing: 8 elements = 4 pair words -> one word, nibble k = element k
+    g = torch.Generator().manual_seed(5)
+    yv = (torch.randn(4096, 8, generator=g) * 3).clamp(-6.0, 6.0).bfloat16()  # |y| <= 6 sf (sf = 1)
+    codes = e2m1_bf16x2_codes(yv.view(-1), 127).view(-1, 8).long()
+    mag = yv.view(torch.int16).long() & 0x7FFF  # t's low nibble: the code without the sign
+    t = ((codes & 7) | (mag & 0xFFF0)).view(-1, 4, 2)  # other bits of t are don't-cares: keep some set
+    t = t[..., 0] | (t[..., 1] << 16)
+    yw = (yv.view(torch.int16).long() & 0xFFFF).view(-1, 4, 2)
+    yw = yw[..., 0] | (yw[..., 1] << 16)
+    q = []
+    for h in range(2):
+        pc = _byte_perm(t[:, 2 * h], t[:, 2 * h + 1], 0x6420)
+        ps = _byte_perm(yw[:, 2 * h], yw[:, 2 * h + 1], 0x7531)
+        pc = pc | ((ps >> 4) & 0x08080808)
+        q.append((pc & 0x0F0F0F0F) | ((pc >> 4) & 0xF0F0F0F0))
+    assert torch.equal(_byte_perm(q[0], q[1], 0x6420), _pack_e2m1_words(codes))
+    # mutant: M's mantissa one grid step off
+    yv = y[y.float().abs() <= 6.0]
+    assert not torch.equal(((e2m1_bf16x2_codes(yv, 127) + 1) & 15), cast_to_e2m1_codes(yv.float()))
+
+
 def test_ue8m0_random_vs_log2():
     amax = torch.rand(2000) * torch.exp2(torch.randint(-60, 60, (2000,)).float())
     for qmax in (448.0, 6.0):
@@ -753,6 +835,29 @@ def test_build_sm90_v3(fmt_name):
         assert "__shfl_xor_sync" in src
 
 
+def test_build_sm90_v3_options():
+    """v3's cast options lower and compile; e2m1_bf16x2 declares and calls its BF16x2 helpers, keeps the
+    8-byte payload stores and needs no division for the scale; scale_mul drops the amax / 6 division;
+    options off (or not applicable) leave the source without them."""
+    from tilelang_ops.build import compile_for_sm90
+    from tilelang_ops.kv_store import BF16X2_PRELUDE, kv_store_kernel_v3, v3_options
+
+    idx = ("fp4_index", 64, True, True, False, 64, "bfloat16", "int64", "int64", 1, 2, 5)
+    src = compile_for_sm90(kv_store_kernel_v3, *idx, True, False).get_kernel_source()
+    assert BF16X2_PRELUDE in src and "tl_kvs_bf16x2_fma(aw" in src and "__byte_perm" in src
+    assert "*(uint2*)(cache" in src and "__fdiv_rn(amax" not in src
+    main = ("fp4_main", 64, True, False, False, 1, "bfloat16", "int64", "int64", 2, 2, 5)
+    src = compile_for_sm90(kv_store_kernel_v3, *main, False, True).get_kernel_source()
+    assert "__fdiv_rn(amax" not in src and "__fmul_rn(amax" in src and "tl_kvs" not in src
+    assert "__fdiv_rn(amax" in compile_for_sm90(kv_store_kernel_v3, *main).get_kernel_source()
+    names = ("e2m1_bf16x2", "scale_mul")
+    assert v3_options(FORMATS["fp4_index"], names) == (True, False)
+    assert v3_options(FORMATS["fp4_main"], names) == (False, True)
+    assert v3_options(FORMATS["fp8_main"], names) == () and v3_options(FORMATS["bf16"], names) == ()
+    with pytest.raises(ValueError, match="options"):
+        v3_options(FORMATS["fp4_main"], ("e2m1_bf16", ))
+
+
 @pytest.mark.parametrize("cfg", [("bf16", 64, True, False, True, 1, "bfloat16", "int64", "int64", 2),
                                  ("fp4_index", 64, False, True, False, 5, "float32", "int32", "int32")],
                          ids=["bf16_R2", "fp4_index_rpb5"])
@@ -955,6 +1060,32 @@ def test_kernel_v3_chunks(fmt_name, interleaved, chunks, monkeypatch):
     for rows in (3001, 7):
         index = fmt_name == "fp4_index"
         case = GpuCase(f"c{chunks}", fmt_name, rows, interleaved=interleaved, hadamard=index,
+                       rows_per_block=5 if index else 64)
+        fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
+        out_norm = torch.full((rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
+        want, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache.clone(), out_norm.clone())
+        norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, interleaved=interleaved,
+                                      hadamard=case.hadamard, out_norm=out_norm, variant="v3")
+        _sync()
+        compare_bitwise(f"kv_cache rows={rows}", cache, want.to(cache.device)).check()
+        compare_bitwise(f"out_norm rows={rows}", out_norm, want_norm.to(out_norm.device)).check()
+
+
+@requires_cuda
+@pytest.mark.parametrize("rpt", [1, 2])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
+@pytest.mark.parametrize("fmt_name", ["fp4_main", "fp4_index"])
+def test_kernel_v3_options(fmt_name, interleaved, rpt, monkeypatch):
+    """v3 with its cast options on (KV_STORE_V3_OPTIONS: e2m1_bf16x2 for FP4 index, scale_mul for FP4
+    main), rows per thread forced, on a partial last CTA, a tiny launch and a row of tiny values (scales
+    at the amax floor): bitwise equal to the oracle (the options change instructions, not bytes)."""
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+
+    monkeypatch.setenv("KV_STORE_V3_OPTIONS", "e2m1_bf16x2,scale_mul")
+    monkeypatch.setenv("KV_STORE_ROWS_PER_THREAD", str(rpt))
+    index = fmt_name == "fp4_index"
+    for rows, scale in ((3001, 1.0), (7, 1.0), (515, 1e-30 if index else 1e-6)):
+        case = GpuCase(f"opt{rows}", fmt_name, rows, interleaved=interleaved, hadamard=index, scale=scale,
                        rows_per_block=5 if index else 64)
         fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
         out_norm = torch.full((rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)

@@ -39,6 +39,10 @@ achieved occupancy, a warp eligible 64% of cycles), fp4 still issue-bound (77%).
 (a fixed grid striding over the row groups, loading group i + 1 before storing group i) was tried,
 GPU-verified and measured no better (bench_results/h200.txt), and removed. ``MIN_CTAS_V3`` caps the
 registers at 96 (five CTAs per SM): 2-8% faster at 1M rows (fp8 539 us, fp4 516, fp4 index 200, bf16 581).
+v3's cast options (``V3_OPTIONS``, off by default until timed; ``make_row_store``'s ``e2m1_bf16x2`` for
+FP4 index rows: division-free UE8M0 scale and a BF16x2-FMA e2m1 encode on the packed BF16 row, 1272 -> 1096
+SASS per thread at R = 1, no stack; ``scale_mul`` for FP4 main rows: amax * RN(1/6) instead of amax / 6,
+1736 -> 1680 at R = 2; both 96 registers at ``MIN_CTAS_V3``) keep the bytes (CPU emulation bitwise).
 "v2" is v1 with fewer SASS instructions (``make_row_store(fast=True)``): the sum of squares as FFMAs
 (x is BF16-valued, so x*x is exact in FP32 and ``ss + x*x`` rounds once either way; only products
 below 2^-126, |x| < 2^-63, are inexact as FMULs, which can matter only when eps ~ 0 and a whole
@@ -97,7 +101,7 @@ def kernel_supports(fmt: KVCacheFormat, rope_dim: int, interleaved: bool) -> str
 def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamard: bool,
                    has_out_norm: bool, rows_per_block: int, weight_dtype: str,
                    weight_in_registers: bool = False, fast: bool = False, chunks: int = 1,
-                   e2m1_fma: bool = False):
+                   e2m1_fma: bool = False, e2m1_bf16x2: bool = False, scale_mul: bool = False):
     """The per-row pipeline as a ``@T.macro`` (see the module docstring for the lane layout).
 
     Macro arguments: ``x`` local FP32 [chunks * 16]: this lane's chunks of the BF16 input row, chunk
@@ -120,6 +124,13 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     scalars, index math, the RoPE lanes' idle time) are paid once per ``chunks`` chunks.
     ``e2m1_fma`` (v3): e2m1 codes from one FFMA on z2 = 2z and funnel-shift packing (7 SASS per
     element instead of 10; see the cast stage).
+    ``e2m1_bf16x2`` (v3 option, UE8M0 e2m1 only, i.e. FP4 index rows; the kernel must declare
+    ``BF16X2_PRELUDE``): the cast reads the last stage's packed BF16 pairs. A power-of-two scale makes
+    z = y / sf exact, so the scale comes from amax's bits (no division), the codes from one BF16x2 FMA
+    per pair, and 8 codes pack into a word with 3 byte permutes (see the cast stage).
+    ``scale_mul`` (v3 option, e4m3 scales, i.e. FP4 main rows): ``amax * RN(1/6)`` instead of the IEEE
+    division ``amax / 6`` before the e4m3 rounding (equal for every BF16-valued amax, which the cast
+    input always is: tests/test_kv_store.py checks all of them).
     """
     C = chunks
     dim = fmt.dim
@@ -131,6 +142,12 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     e2m1_fma = e2m1_fma and kind == "e2m1"
     group = fmt.group_size
     lanes_per_group = max(1, group // VEC)  # chunks per scale group (a group pair is lanes q, q ^ 1)
+    e2m1_bf16x2 = e2m1_bf16x2 and kind == "e2m1" and fmt.scale_dtype == "ue8m0"
+    scale_mul = scale_mul and kind == "e2m1" and fmt.scale_dtype == "e4m3"
+    if e2m1_bf16x2:
+        floor16 = struct.unpack("<I", struct.pack("<f", fmt.amax_floor))[0]
+        assert fmt.qmax == 6.0 and lanes_per_group == 2 and floor16 & 0xFFFF == 0, fmt  # a BF16 floor
+        floor16 >>= 16
     out_bytes = {"e4m3": VEC, "e2m1": VEC // 2, "bf16": 2 * VEC}[kind]  # bytes per chunk
     store_vec = min(16, out_bytes)  # bytes per vector store
     if fmt.block_sections and (rows_per_block * fmt.row_bytes) % store_vec:
@@ -167,6 +184,11 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         codes = T.alloc_local([VEC], "uint8")
         c32 = T.alloc_local([VEC], "uint32")
         words = T.alloc_local([C * VEC // 8], "uint32")
+        if e2m1_bf16x2:
+            aw = T.alloc_local([VEC // 2], "uint32")  # |y| pairs of one chunk (BF16 bits)
+            tw = T.alloc_local([VEC // 2], "uint32")  # FMA results: code in the low nibble of each half
+            a16 = T.alloc_var("uint32")
+            e8 = T.alloc_var("uint32")
         f8 = T.alloc_local([C * VEC], "float8_e4m3fn")
         packed = T.alloc_local([out_bytes], "uint8")
         ps = T.alloc_local([C], "float32")
@@ -299,6 +321,56 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         for c in T.unroll(C):
             if kind == "bf16" and fast:
                 pass  # yb already holds the last stage's BF16 row (stored from yb below)
+            elif e2m1_bf16x2:
+                # The cast input y is BF16 and sf = 2^(e - 127) (UE8M0), so z2 = 2 y / sf is exact in
+                # BF16 (the reference's FP32 z = y * (1 / sf) is the same number; a z below 2^-126 has
+                # code 0 with its sign either way) and |z| <= 6: RN(amax / 6) of a BF16 amax is never
+                # rounded down onto a power of two, so sf >= amax / 6 and the clamp to 6 is a no-op.
+                yw = T.view(yb, [C * VEC // 2], "uint32")
+                for j in T.unroll(VEC // 2):
+                    aw[j] = yw[c * VEC // 2 + j] & T.uint32(0x7FFF7FFF)
+                # amax over the chunk's pairs (BF16 max of non-negative values), then of the 2 halves
+                a16 = aw[0]
+                for j in T.unroll(VEC // 2 - 1):
+                    a16 = T.call_extern("uint32", "tl_kvs_bf16x2_max", a16, aw[j + 1])
+                a16 = T.max(a16 & T.uint32(0xFFFF), a16 >> T.uint32(16))
+                a16 = T.max(a16, T.shfl_xor(a16, 1))  # the group's other half is the next lane
+                a16 = T.max(a16, T.uint32(floor16))
+                # bits(sf) = (bits(RN(amax / 6)) + 0x7FFFFF) & 0x7F800000 equals, for every FP32 amax,
+                # ((bits(amax) + 0x3FFFFF) & 0x7F800000) - (2 << 23): amax / 6 = 2^(E-3) * 4m/3 rounds up
+                # to 2^(E-2) when m <= 1.5, else to 2^(E-1) (tests: every BF16 amax). In BF16 bits:
+                e8 = ((a16 + T.uint32(0x3F)) >> T.uint32(7)) - T.uint32(2)  # biased exponent of sf
+                if C > 1:
+                    sbv[c] = T.Cast("uint8", e8)
+                else:
+                    sbyte = T.Cast("uint8", e8)
+                # t = |y| * (2 / sf) + M in one BF16x2 FMA (exact product, one RNE) with M's bits
+                # (E' + 6) << 7 | 2 (E' - 128), E' = max(exponent of z2, 128): ulp(M) = 1 / 2 / 4 is the
+                # e2m1 grid on |z2| (|z| < 2 / < 4 / >= 4) and M's mantissa 0 / 2 / 4 adds the codes of
+                # |z| = 0 / 2 / 4, so t's mantissa (<= 7) is the code (ties to even: M's is even).
+                # With G = max(bits(|y|) & 0x7F80, e << 7) = (E' - 128 + e) << 7 per half: bits(M) =
+                # G + (G >> 6) + (128 - e) * 130 + 512 (the per-half sums stay in [0, 2^16), so one
+                # 32-bit add serves both halves even when the constant is negative)
+                for j in T.unroll(VEC // 2):
+                    g2 = T.call_extern("uint32", "__vmaxu2", aw[j] & T.uint32(0x7F807F80),
+                                       (e8 << T.uint32(7)) * T.uint32(0x10001))
+                    tw[j] = T.call_extern(
+                        "uint32", "tl_kvs_bf16x2_fma", aw[j], ((T.uint32(255) - e8) << T.uint32(7))
+                        * T.uint32(0x10001),
+                        g2 + (g2 >> T.uint32(6)) + (T.uint32(17152) - e8 * T.uint32(130)) * T.uint32(0x10001))
+                # pack: bytes [code 2k, code 2k+1, ...] of 2 pairs (PRMT), the signs of y into bit 3 of
+                # each byte, then nibble pairs (byte i | byte i+1 << 4) and bytes 0, 2 of two such words
+                for w in T.unroll(VEC // 8):
+                    for h in T.unroll(2):
+                        pc = T.call_extern("uint32", "__byte_perm", tw[4 * w + 2 * h], tw[4 * w + 2 * h + 1],
+                                           T.uint32(0x6420))
+                        ps = T.call_extern("uint32", "__byte_perm", yw[c * VEC // 2 + 4 * w + 2 * h],
+                                           yw[c * VEC // 2 + 4 * w + 2 * h + 1], T.uint32(0x7531))
+                        pc = pc | ((ps >> T.uint32(4)) & T.uint32(0x08080808))
+                        tw[4 * w + h] = ((pc & T.uint32(0x0F0F0F0F))
+                                         | ((pc >> T.uint32(4)) & T.uint32(0xF0F0F0F0)))
+                    words[c * (VEC // 8) + w] = T.call_extern("uint32", "__byte_perm", tw[4 * w],
+                                                              tw[4 * w + 1], T.uint32(0x6420))
             elif kind == "bf16":
                 for j in T.unroll(VEC):
                     yb[j] = T.Cast("bfloat16", y[j])
@@ -323,8 +395,9 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                     inv = T.reinterpret(T.uint32(0x7F000000 if not e2m1_fma else 0x7F800000) - bits,
                                         "float32")
                 else:
-                    sf = T.Cast("float32",
-                                T.Cast("float8_e4m3fn", T.min(T.ieee_fdiv(amax, _f32(6.0)), _f32(448.0))))
+                    sf = T.Cast("float32", T.Cast("float8_e4m3fn", T.min(
+                        T.ieee_mul(amax, _f32(1.0 / 6.0)) if scale_mul else T.ieee_fdiv(amax, _f32(6.0)),
+                        _f32(448.0))))
                     sbyte = T.reinterpret(T.Cast("float8_e4m3fn", sf), "uint8")
                     inv = T.ieee_fdiv(_f32(1.0 if not e2m1_fma else 2.0), sf)  # e2m1_fma: 2 / sf
                 if C > 1:
@@ -467,16 +540,37 @@ def kv_store_kernel_v2(fmt_name: str, rope_dim: int, interleaved: bool, hadamard
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
 def kv_store_kernel_v3(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: bool, has_out_norm: bool,
                        rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str,
-                       rows_per_thread: int = 1, chunks: int = 2, min_ctas: int = 0):
+                       rows_per_thread: int = 1, chunks: int = 2, min_ctas: int = 0,
+                       e2m1_bf16x2: bool = False, scale_mul: bool = False):
     """Variant v3: v2's arithmetic with ``chunks`` 16-element chunks per lane (``make_row_store``);
-    ``min_ctas`` > 1 caps registers so that many CTAs fit an SM (``__launch_bounds__``)."""
+    ``min_ctas`` > 1 caps registers so that many CTAs fit an SM (``__launch_bounds__``).
+    ``e2m1_bf16x2`` / ``scale_mul``: the cast options of ``make_row_store`` (off by default; same bytes;
+    formats they do not apply to ignore them)."""
     return _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
                           weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=True, chunks=chunks,
-                          e2m1_fma=True, min_ctas=min_ctas)
+                          e2m1_fma=True, min_ctas=min_ctas, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul)
+
+
+# Device helpers of make_row_store(e2m1_bf16x2=True) (unsigned words holding two BF16 values): one
+# BF16x2 FMA (fma.rn.bf16x2: exact product and sum, one RNE) and a BF16x2 max (nvcc fuses a chain of
+# them into 3-input VHMNMX). tools/check_kv_store_emu.py swaps this text for a C++ emulation.
+BF16X2_PRELUDE = """
+#include <cuda_bf16.h>
+__device__ __forceinline__ unsigned tl_kvs_bf16x2_fma(unsigned a, unsigned b, unsigned c) {
+  __nv_bfloat162 r = __hfma2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b),
+                             *reinterpret_cast<__nv_bfloat162*>(&c));
+  return *reinterpret_cast<unsigned*>(&r);
+}
+__device__ __forceinline__ unsigned tl_kvs_bf16x2_max(unsigned a, unsigned b) {
+  __nv_bfloat162 r = __hmax2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+  return *reinterpret_cast<unsigned*>(&r);
+}
+"""
 
 
 def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block, weight_dtype,
-                   pos_dtype, slot_dtype, rows_per_thread, fast, chunks=1, e2m1_fma=False, min_ctas=0):
+                   pos_dtype, slot_dtype, rows_per_thread, fast, chunks=1, e2m1_fma=False, min_ctas=0,
+                   e2m1_bf16x2=False, scale_mul=False):
     """``rows_per_thread`` (R): each thread stores R rows, ``rows_per_cta`` apart, so a CTA covers
     R * rows_per_cta consecutive rows; all R rows' loads are issued before the first row's math
     (R times the bytes in flight) and the lane's weights are loaded and converted once. ``chunks`` (C):
@@ -491,7 +585,10 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
     wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte loads
     row_store = make_row_store(fmt, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
                                weight_dtype, weight_in_registers=True, fast=fast, chunks=C,
-                               e2m1_fma=e2m1_fma)
+                               e2m1_fma=e2m1_fma, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul)
+    # the helpers are declared only where they are called (other kernels' sources stay as they were)
+    prelude = BF16X2_PRELUDE if (e2m1_bf16x2 and fmt.data_dtype == "e2m1" and fmt.scale_dtype == "ue8m0") \
+        else None
     rows, norm_rows, max_pos = T.dynamic("rows, norm_rows, max_pos")
     cache_bytes = T.dynamic("cache_bytes", "int64")
     block_bytes = rows_per_block * fmt.row_bytes
@@ -537,7 +634,7 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
         eps: T.float32,
         capacity: T.int64,  # slots in the cache (v3; v1 / v2 derive it from cache_bytes, as verified)
     ):
-        with T.Kernel(T.ceildiv(rows, rows_per_cta * R), threads=THREADS) as bx:
+        with T.Kernel(T.ceildiv(rows, rows_per_cta * R), threads=THREADS, prelude=prelude) as bx:
             if min_ctas > 1:
                 T.annotate_min_blocks_per_sm(min_ctas)
             tx = T.get_thread_binding()
@@ -580,6 +677,30 @@ CHUNKS = {"fp8_main": 2, "fp4_main": 2, "fp4_index": 2, "bf16": 2}
 MIN_CTAS_V3 = {"fp8_main": 5, "fp4_main": 5, "fp4_index": 5, "bf16": 5}
 
 
+# v3 cast options (make_row_store's e2m1_bf16x2: FP4 index rows, scale_mul: FP4 main rows; same bytes,
+# fewer instructions: SASS per thread fp4 index R=1 1272 -> 1096, fp4 main R=2 1736 -> 1680, min_ctas 5).
+# Off until timed on the H200; KV_STORE_V3_OPTIONS="e2m1_bf16x2,scale_mul" (or "none") overrides this
+# table for every format (the benchmark's sweep, the GPU tests). An option that does not apply to a
+# format is dropped, so those formats keep their kernels.
+V3_OPTION_NAMES = ("e2m1_bf16x2", "scale_mul")
+V3_OPTIONS = {"fp8_main": (), "fp4_main": (), "fp4_index": (), "bf16": ()}
+_OPTION_APPLIES = {"e2m1_bf16x2": ("e2m1", "ue8m0"), "scale_mul": ("e2m1", "e4m3")}
+
+
+def v3_options(fmt: KVCacheFormat, names: tuple | None = None) -> tuple:
+    """v3's option flags for ``fmt`` (``names``: the options asked for; None: the environment override,
+    else ``V3_OPTIONS``), in ``V3_OPTION_NAMES`` order; () when none applies (the default kernel)."""
+    if names is None:
+        env = os.environ.get("KV_STORE_V3_OPTIONS")
+        names = V3_OPTIONS[fmt.name] if env is None else tuple(n for n in env.split(",") if n and n != "none")
+    unknown = set(names) - set(V3_OPTION_NAMES)
+    if unknown:
+        raise ValueError(f"kv_store v3 options must be among {V3_OPTION_NAMES}, got {sorted(unknown)}")
+    flags = tuple(n in names and _OPTION_APPLIES[n] == (fmt.data_dtype, fmt.scale_dtype)
+                  for n in V3_OPTION_NAMES)
+    return flags if any(flags) else ()
+
+
 def chunks_for(variant: str, fmt: KVCacheFormat, rope_dim: int = 64, interleaved: bool = True) -> int:
     """Chunks per lane: 1 for v1 / v2; v3's choice where its layout supports the configuration (a
     half-split RoPE partner must sit in another lane: rope_dim / 32 < lanes)."""
@@ -601,10 +722,11 @@ def rows_per_cta(variant: str, fmt: KVCacheFormat, rope_dim: int = 64, interleav
 
 def static_args(variant: str, fmt: KVCacheFormat, static: tuple, rope_dim: int = 64,
                 interleaved: bool = True) -> tuple:
-    """The kernel factory's static arguments: ``static`` (format .. rows per thread) plus v3's chunks."""
+    """The kernel factory's static arguments: ``static`` (format .. rows per thread) plus v3's chunks,
+    minimum CTAs per SM and (when any is on) cast options."""
     if variant == "v3":
         min_ctas = int(os.environ.get("KV_STORE_MIN_CTAS", MIN_CTAS_V3[fmt.name]))
-        return static + (chunks_for(variant, fmt, rope_dim, interleaved), min_ctas)
+        return static + (chunks_for(variant, fmt, rope_dim, interleaved), min_ctas) + v3_options(fmt)
     return static
 
 

@@ -3,10 +3,13 @@
 CUDA thread) and compare their cache bytes and out_norm bitwise with the vectorized twin (and, on cases
 with only in-range slots, the loop reference). Every format, both RoPE conventions, Hadamard, rows per
 thread R = 1 / 2, out_norm on / off, BF16 / FP32 weights, int32 / int64 indices, odd row counts, slot -1,
-slots beyond the cache and positions beyond the table. Each variant in ``VARIANTS`` is checked.
+slots beyond the cache and positions beyond the table. Each variant in ``VARIANTS`` is checked, and
+"v3opt": v3 with every cast option of ``V3_OPTION_NAMES`` on (e2m1_bf16x2 for FP4 index rows, scale_mul
+for FP4 main rows; the other formats have none and are skipped). The BF16x2 helpers of e2m1_bf16x2 run as
+a C++ emulation (``EMU_PRELUDE``: exact FMA, one RNE to BF16; prmt / vmax on the bytes / halves).
 `--mutate` checks that deliberately broken sources are caught.
 
-    PYTHONPATH=. .venv/bin/python tools/check_kv_store_emu.py [case-substring ...] [--variant v2] [--mutate]
+    PYTHONPATH=. .venv/bin/python tools/check_kv_store_emu.py [case-substring ...] [--variant v3opt] [--mutate]
 """
 import os
 import sys
@@ -27,10 +30,43 @@ os.makedirs(SRC, exist_ok=True)
 _KHASH = __import__("hashlib").md5(open(K.__file__, "rb").read()).hexdigest()[:8]
 
 
+VARIANTS = list(K.VARIANTS) + ["v3opt"]
+OPTIONS = {"v3opt": K.V3_OPTION_NAMES}  # pseudo-variant -> v3 with these options
+KERNEL = {"v3opt": "v3"}
+
+# C++ stand-ins for kv_store.BF16X2_PRELUDE and the CUDA integer intrinsics it is used with. The FMA:
+# BF16 x BF16 is exact in double, the double FMA rounds once (exact for the encode's operands, whose
+# sum has < 30 significant bits), then one RNE to BF16 on a grid of 8 significant bits.
+EMU_PRELUDE = r"""
+static inline double kvs_bf(uint h) { uint u = (h & 0xFFFFu) << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint kvs_to_bf(double d) {
+  uint sign = std::signbit(d) ? 0x8000u : 0u; double a = std::fabs(d);
+  if (a == 0) return sign;
+  int e = std::max(std::ilogb(a), -126);
+  double ulp = std::ldexp(1.0, e - 7);
+  float f = (float)(std::nearbyint(a / ulp) * ulp); uint u; memcpy(&u, &f, 4);
+  return sign | (u >> 16); }
+inline uint tl_kvs_bf16x2_fma(uint a, uint b, uint c) {
+  uint r = 0;
+  for (int h = 0; h < 32; h += 16) r |= kvs_to_bf(std::fma(kvs_bf(a >> h), kvs_bf(b >> h), kvs_bf(c >> h))) << h;
+  return r; }
+inline uint tl_kvs_bf16x2_max(uint a, uint b) {
+  uint r = 0;
+  for (int h = 0; h < 32; h += 16) r |= (kvs_bf(a >> h) >= kvs_bf(b >> h) ? (a >> h) & 0xFFFFu : (b >> h) & 0xFFFFu) << h;
+  return r; }
+inline uint __vmaxu2(uint a, uint b) {
+  return std::max(a & 0xFFFFu, b & 0xFFFFu) | (std::max(a >> 16, b >> 16) << 16); }
+inline uint __byte_perm(uint x, uint y, uint s) {
+  unsigned long long v = ((unsigned long long)y << 32) | x; uint r = 0;
+  for (int n = 0; n < 4; ++n) r |= (uint)((v >> (8 * ((s >> (4 * n)) & 7))) & 0xFF) << (8 * n);
+  return r; }
+"""
+
+
 def source(variant, static):
     key = f"{SRC}/{variant}_{_KHASH}_{'_'.join(map(str, static))}.cu"
     if not os.path.exists(key):
-        src = compile_for_sm90(K.KERNELS[variant], *static).get_kernel_source()
+        src = compile_for_sm90(K.KERNELS[KERNEL.get(variant, variant)], *static).get_kernel_source()
         open(key, "w").write(src)
     return open(key).read()
 
@@ -45,6 +81,8 @@ def emu_for(variant, static, edit=None):
         if edit is not None:
             assert edit[0] in src, edit[0]
             src = src.replace(edit[0], edit[1], 1)
+        if K.BF16X2_PRELUDE in src:
+            src = src.replace(K.BF16X2_PRELUDE, EMU_PRELUDE)
         _emus[k] = Emu(src)
     return _emus[k]
 
@@ -79,10 +117,17 @@ def inputs(case, bad):
 
 
 def static_args(variant, case, fmt, w, pos, slots, has_norm, R):
-    return K.static_args(variant, fmt, (fmt.name, 64, case.interleaved, case.hadamard, has_norm,
-                                        case.rows_per_block if fmt.block_sections else 1, K._TORCH_TO_TL[w.dtype],
-                                        K._TORCH_TO_TL[pos.dtype], K._TORCH_TO_TL[slots.dtype], R),
-                         64, case.interleaved)
+    static = K.static_args(KERNEL.get(variant, variant), fmt, (
+        fmt.name, 64, case.interleaved, case.hadamard, has_norm, case.rows_per_block if fmt.block_sections else 1,
+        K._TORCH_TO_TL[w.dtype], K._TORCH_TO_TL[pos.dtype], K._TORCH_TO_TL[slots.dtype], R), 64, case.interleaved)
+    if variant in OPTIONS:  # v3's arguments end in the option flags when any is on (else none: swap them in)
+        static = static[:12] + K.v3_options(fmt, OPTIONS[variant])
+    return static
+
+
+def applies(variant, case):
+    """False for an option pseudo-variant whose options do not apply to the case's format."""
+    return variant not in OPTIONS or bool(K.v3_options(K._FORMATS[case.fmt], OPTIONS[variant]))
 
 
 def run_emu(variant, case, R, has_norm, data, edit=None, order="forward"):
@@ -91,7 +136,7 @@ def run_emu(variant, case, R, has_norm, data, edit=None, order="forward"):
     static = static_args(variant, case, fmt, w, pos, slots, has_norm, R)
     e = emu_for(variant, static, edit)
     out_norm = torch.full((case.rows, fmt.dim), 7.0, dtype=torch.bfloat16) if has_norm else torch.empty(1, fmt.dim, dtype=torch.bfloat16)
-    rows_per_cta = K.rows_per_cta(variant, fmt, 64, case.interleaved)
+    rows_per_cta = K.rows_per_cta(KERNEL.get(variant, variant), fmt, 64, case.interleaved)
     grid = -(-case.rows // (rows_per_cta * R))
     order_l = list(range(grid))[::-1] if order == "reverse" else list(range(grid))
     e(grid, K.THREADS, order_l, cache=cache.view(-1), cos_1=cos, sin_1=sin, cos=cos, sin=sin, kv=kv, out_norm=out_norm,
@@ -121,16 +166,39 @@ MUTATIONS = {  # generated-source edits (first occurrence) that must make the ke
     "rstd_scaled": ("rstd = __fdiv_rn(", "rstd = 1.001f * __fdiv_rn("),
     "bad_position_stored": ("(position < ((int64_t)max_pos))", "true"),
 }
+# v3opt's cast (case index in CASES, edit): a broken encode, scale or packing must be caught
+OPTION_MUTATIONS = {
+    "bf16x2_code_offset": (7, ("(uint)17152", "(uint)17280")),  # M's mantissa off by one grid step
+    "bf16x2_grid_floor": (7, ("((e8 << (uint)7) * (uint)65537)", "(((e8 - (uint)1) << (uint)7) * (uint)65537)")),
+    "bf16x2_fma_truncates": (7, ("tl_kvs_bf16x2_fma(aw", "tl_kvs_bf16x2_fma_rz(aw")),
+    "bf16x2_sign_bytes": (7, ("(uint)30001)", "(uint)25632)")),
+    "bf16x2_scale_round": (7, ("(uint)63)", "(uint)64)")),
+    "bf16x2_amax_half": (7, ("a16 = max((a16 & (uint)65535), (a16 >> (uint)16));", "a16 = (a16 & (uint)65535);")),
+    "scale_mul_constant": (4, ("(uint)1042983595;", "(uint)1042983594;")),  # RN(1/6) - 1 ulp
+}
+# the FMA rounded toward zero (the grid rounding is the encode's RNE: truncation must be caught). An
+# unfused multiply-add would not be: |y| * 2 / sf is exact in BF16, so it is the same number.
+EMU_PRELUDE += r"""
+inline uint tl_kvs_bf16x2_fma_rz(uint a, uint b, uint c) {
+  uint r = 0;
+  for (int h = 0; h < 32; h += 16) {
+    uint t = kvs_to_bf(std::fma(kvs_bf(a >> h), kvs_bf(b >> h), kvs_bf(c >> h)));
+    double exact = std::fma(kvs_bf(a >> h), kvs_bf(b >> h), kvs_bf(c >> h));
+    if (std::fabs(kvs_bf(t)) > std::fabs(exact)) t -= 1;  // one step toward zero
+    r |= (t & 0xFFFFu) << h; }
+  return r; }
+"""
 
 
 def main():
     args = sys.argv[1:]
-    variants = list(K.VARIANTS)
+    variants = list(VARIANTS)
     if "--variant" in args:
         i = args.index("--variant")
         variants = [args[i + 1]]
         del args[i:i + 2]
     mutate = "--mutate" in args
+    missed = 0
     only = [a for a in args if not a.startswith("--")]
     bad_total = 0
     for case, Rs, has_norm, bad in CASES:
@@ -146,6 +214,8 @@ def main():
             bad_total += sum(d)
             line.append(f"loop~twin {d}")
         for v in variants:
+            if not applies(v, case):
+                continue
             for R in Rs:
                 for order in ("forward", "reverse"):
                     got = run_emu(v, case, R, has_norm, data, order=order)
@@ -159,6 +229,8 @@ def main():
         data = inputs(case, bad)
         want = oracle(case, has_norm, data, loop=False)
         for v in variants:
+            if not applies(v, case):
+                continue
             for name, edit in MUTATIONS.items():
                 if edit[0] not in source(v, static_args(v, case, *data[:1], data[2], data[5], data[6], has_norm, Rs[0])):
                     print(f"mutation {v} {name}: pattern not in this variant's source")
@@ -166,7 +238,16 @@ def main():
                 got = run_emu(v, case, Rs[0], has_norm, data, edit=edit)
                 d = [ndiff(a, b) for a, b in zip(got, want)]
                 print(f"mutation {v} {name}: mismatches {d} -> {'caught' if any(d) else 'MISSED'}")
-    return bad_total
+        for v in [v for v in variants if v in OPTIONS]:
+            for name, (ci, edit) in OPTION_MUTATIONS.items():
+                case, Rs, has_norm, bad = CASES[ci]
+                data = inputs(case, bad)
+                want = oracle(case, has_norm, data, loop=False)
+                got = run_emu(v, case, Rs[0], has_norm, data, edit=edit)
+                d = [ndiff(a, b) for a, b in zip(got, want)]
+                missed += not any(d)
+                print(f"mutation {v} {name} ({case.id}): mismatches {d} -> {'caught' if any(d) else 'MISSED'}")
+    return bad_total + missed
 
 
 if __name__ == "__main__":
