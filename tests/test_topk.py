@@ -594,6 +594,10 @@ VARIANT_CASES = [
     GpuCase("unsampled", 2, 1 << 18, 4096, "random", "bf16"),
     GpuCase("randn", 64, 8192, 512),
     GpuCase("equal", 8, 50000, 1),
+    # v3's one-tile rows (keys in registers): NaN / inf / signed zeros in bf16, many tie groups, k near e
+    GpuCase("special", 16, 8192, 1000, "random", "bf16"),
+    GpuCase("ties50", 16, 8192, 300, "random", mode="sorted_index"),
+    GpuCase("ascending", 8, 8192, 4095, "random", mode="sorted"),
 ]
 VARIANT_NAMES = ["v1", "v2", "v3"]
 

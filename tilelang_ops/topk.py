@@ -37,6 +37,8 @@ Top-k algorithm (one CTA of 1024 threads per row), exact and deterministic:
   >= lo fit). Final lanes: over the list, per window of 65536 indices, bitmaps of the taken and tied
   indices and a block scan of their word popcounts give each winner its ascending-index lane
   (taken before + min(ties before, kk)); over the row, the ordered pass stops once all k lanes are found.
+  Rows of at most one tile skip the list: their keys stay in registers through the passes and the
+  ordered pass. v3's radix digits are 12 bits (4096 bins).
 * Lanes [min(k, end), k) get the fills; `end` is clamped to [0, n] in the kernel so a bad `end` can
   never read outside the row (the value check runs under TILELANG_OPS_DEBUG=1).
 """
@@ -797,9 +799,14 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # rows finish without a radix pass), a final rank by index over the short list through index bitmaps,
 # an early exit of the ordered pass over the row, and no row cache. Rows of one tile (e <= TILE) keep
 # their keys in registers (src 3): radix passes and the ordered pass run on them, no list or bitmaps.
-# Warp reductions (min / max / sums of packed counts) are single REDUX instructions.
+# Radix passes use 12-bit digits (V3_NB bins), so a list spanning up to 2^24 keys takes two passes; the
+# compaction read has no bounds checks on full tiles; the key is branch-free; warp reductions (min /
+# max / sums of packed counts) are single REDUX instructions.
 V3_BMW = 2048  # bitmap words per class (taken / tie): ranks are computed over windows of 65536 indices
 V3_ROUNDS = PASSES + 2  # first compaction, <= 3 radix passes, at most one fallback compaction
+V3_BITS = 12  # radix digit of v3's passes (v1 / v2: RADIX_BITS); 2^32 -> 2^20 -> 2^8 -> 1 keys
+V3_NB = 1 << V3_BITS
+V3_BPT = V3_NB // THREADS  # histogram bins per thread in the clear and the scan
 
 
 def _v3_cand_cap(cache_cap: int) -> int:
@@ -808,10 +815,12 @@ def _v3_cand_cap(cache_cap: int) -> int:
 
 
 def _key(bits):
-    """Order-preserving uint32 key of fp32 bits (-0.0 -> +0.0, every NaN -> 0xFFFFFFFF)."""
-    b = T.if_then_else(bits == T.uint32(0x80000000), T.uint32(0), bits)
-    return T.if_then_else((b & T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000), T.uint32(0xFFFFFFFF),
-                          T.if_then_else(b >= T.uint32(0x80000000), ~b, b | T.uint32(0x80000000)))
+    """Order-preserving uint32 key of fp32 bits (-0.0 -> +0.0, every NaN -> 0xFFFFFFFF), branch-free:
+    flip all bits of a negative, the sign bit of a positive (xor with the sign-extended sign | MSB)."""
+    mag = bits & T.uint32(0x7FFFFFFF)
+    flip = T.Cast("uint32", T.Cast("int32", bits) >> 31) | T.uint32(0x80000000)
+    return T.if_then_else(mag > T.uint32(0x7F800000), T.uint32(0xFFFFFFFF),
+                          T.if_then_else(mag == T.uint32(0), T.uint32(0x80000000), bits ^ flip))
 
 
 def _warp_min(x):
@@ -886,7 +895,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
-            s_hist = T.alloc_shared([BINS], "int32")  # radix histogram; in the final rank: word prefixes
+            s_hist = T.alloc_shared([V3_NB], "int32")  # radix histogram; in the final rank: word prefixes
             s_scan = T.alloc_shared([2, WARPS], "int32")
             s_sel = T.alloc_shared([4], "int32")
             s_mm = T.alloc_shared([2, WARPS], "uint32")  # per-warp min / max
@@ -1077,15 +1086,26 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     for it in T.serial(T.ceildiv(e, TILE)):
                         for u in T.unroll(UNROLL):
                             kb[u] = kn[u]
-                        for u in T.unroll(UNROLL):
-                            i = _lin("v2", it + 1, u, tx)
-                            kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
+                        # full tiles (all but the last) need no bounds checks: uniform branches
+                        if (it + 2) * TILE <= e:
+                            for u in T.unroll(UNROLL):
+                                kn[u] = raw(scores, base + _lin("v2", it + 1, u, tx))
+                        else:
+                            for u in T.unroll(UNROLL):
+                                i = _lin("v2", it + 1, u, tx)
+                                kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
                         wsum = 0
-                        for u in T.unroll(UNROLL):
-                            i = _lin("v2", it, u, tx)
-                            xf = T.reinterpret("float32", kb[u])
-                            inl[u] = T.ballot_sync(T.And(i < e, T.Or(xf >= tf, T.isnan(xf))))
-                            wsum = wsum + T.Cast("int32", T.popcount(T.Cast("uint32", inl[u])))
+                        if (it + 1) * TILE <= e:
+                            for u in T.unroll(UNROLL):
+                                xf = T.reinterpret("float32", kb[u])
+                                inl[u] = T.ballot_sync(T.Or(xf >= tf, T.isnan(xf)))
+                                wsum = wsum + T.Cast("int32", T.popcount(T.Cast("uint32", inl[u])))
+                        else:
+                            for u in T.unroll(UNROLL):
+                                i = _lin("v2", it, u, tx)
+                                xf = T.reinterpret("float32", kb[u])
+                                inl[u] = T.ballot_sync(T.And(i < e, T.Or(xf >= tf, T.isnan(xf))))
+                                wsum = wsum + T.Cast("int32", T.popcount(T.Cast("uint32", inl[u])))
                         if wsum != 0:  # warp-uniform: one counter add per warp and tile
                             if lane == 0:
                                 # plain CUDA atomicAdd: a shared-memory ATOMS (tilelang's AtomicAddRet
@@ -1129,9 +1149,10 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     compact = 0
                     T.sync_threads()  # s_cnt / s_mm are rewritten next
                 elif done == 0:
-                    # radix pass: bins of 2^sh keys over [lo, hi] (at most BINS of them)
-                    sh = T.max(0, 21 - T.Cast("int32", T.clz(hi - lo)))
-                    for q in T.serial(BINS // THREADS):
+                    # radix pass: bins of 2^sh keys over [lo, hi] (at most V3_NB of them: 12-bit digits, so
+                    # a candidate list spanning up to 2^24 keys, as a randn row's top ~2% does, needs two)
+                    sh = T.max(0, (32 - V3_BITS) - T.Cast("int32", T.clz(hi - lo)))
+                    for q in T.unroll(V3_BPT):
                         s_hist[q * THREADS + tx] = 0
                     kmin = KEY_MAX
                     kmax = ZERO
@@ -1168,9 +1189,10 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             elif bv != NO_BIN:
                                 T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
                     T.sync_threads()
-                    # thread t owns bins BINS-1-2t (higher) and BINS-2-2t; scan in descending bin order
-                    h_hi = s_hist[BINS - 1 - 2 * tx]
-                    c = h_hi + s_hist[BINS - 2 - 2 * tx]
+                    # thread t owns bins V3_NB-1-V3_BPT*t-j, j < V3_BPT; scan in descending bin order
+                    c = 0
+                    for j in T.unroll(V3_BPT):
+                        c = c + s_hist[V3_NB - 1 - V3_BPT * tx - j]
                     incl = c
                     for o in (1, 2, 4, 8, 16):
                         tmp = T.shfl_up(incl, o)
@@ -1189,15 +1211,14 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     tmp = _warp_sum(tmp)
                     kmin = _warp_min(kmin)
                     kmax = _warp_max(kmax)
-                    wpre = tmp + incl - c  # keys in bins above my two bins
-                    if wpre < kk and kk <= wpre + h_hi:
-                        s_sel[0] = BINS - 1 - 2 * tx
-                        s_sel[1] = kk - wpre
-                        s_sel[2] = h_hi
-                    if wpre + h_hi < kk and kk <= wpre + c:
-                        s_sel[0] = BINS - 2 - 2 * tx
-                        s_sel[1] = kk - wpre - h_hi
-                        s_sel[2] = c - h_hi
+                    wpre = tmp + incl - c  # keys in bins above my bins
+                    for j in T.unroll(V3_BPT):
+                        h_hi = s_hist[V3_NB - 1 - V3_BPT * tx - j]
+                        if wpre < kk and kk <= wpre + h_hi:
+                            s_sel[0] = V3_NB - 1 - V3_BPT * tx - j
+                            s_sel[1] = kk - wpre
+                            s_sel[2] = h_hi
+                        wpre = wpre + h_hi
                     T.sync_threads()
                     lo_bin = lo + (T.Cast("uint32", s_sel[0]) << T.Cast("uint32", sh))
                     hi_bin = T.Cast("uint64", lo_bin) + ((T.uint64(1) << T.Cast("uint64", sh)) - T.uint64(1))
@@ -1313,6 +1334,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                           + T.if_then_else(cv == TIE, CLS_TIE, 0))
                                 wsum = (wsum + T.Cast("int32", T.popcount(dm))
                                         + T.Cast("int32", T.popcount(tm)) * TIE)
+                            for u in T.unroll(UNROLL):
+                                kb[u] = ZERO  # src 3 has one tile: kb is not live across the emits
                             if lane == 0:
                                 s_scan[it % 2, warp] = wsum
                             T.sync_threads()

@@ -145,6 +145,9 @@ SETS = {
         GpuCase("equal", 2, 50000, 1), GpuCase("equal", 2, 4096, 4096, "random", mode="sorted"),
         GpuCase("randn", 2, 8192, 512), GpuCase("few", 2, 8192, 512, "random"),
         GpuCase("special", 2, 9000, 4096, "random", "bf16"), GpuCase("unsampled", 1, 1 << 18, 4096, "random"),
+        # v3's one-tile rows (keys in registers, 12-bit radix passes over them)
+        GpuCase("special", 3, 8192, 1000, "random", "bf16"), GpuCase("ties50", 2, 8192, 300, "random", mode="sorted_index"),
+        GpuCase("ascending", 2, 8192, 4095, "random", mode="sorted"), GpuCase("tiny", 2, 8192, 2, "random"),
     ],
 }
 
