@@ -1047,6 +1047,21 @@ def test_wrapper_rejects_unknown_variant():
         norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, variant="v9")
 
 
+def _check_v3_against_oracle(case):
+    """v3 (launch shape / options from the environment) on ``case``: cache and out_norm bitwise equal
+    to the oracle."""
+    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
+
+    fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
+    out_norm = torch.full((case.rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
+    want, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache.clone(), out_norm.clone())
+    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, interleaved=case.interleaved,
+                                  hadamard=case.hadamard, out_norm=out_norm, variant="v3")
+    _sync()
+    compare_bitwise(f"kv_cache rows={case.rows}", cache, want.to(cache.device)).check()
+    compare_bitwise(f"out_norm rows={case.rows}", out_norm, want_norm.to(out_norm.device)).check()
+
+
 @requires_cuda
 @pytest.mark.parametrize("chunks", [2, 4])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
@@ -1054,21 +1069,12 @@ def test_wrapper_rejects_unknown_variant():
 def test_kernel_v3_chunks(fmt_name, interleaved, chunks, monkeypatch):
     """v3 with 2 and 4 chunks per lane (forced; 4 falls back to 2 where the half-split RoPE partner
     would share the lane) on a partial last CTA and a tiny launch: bitwise equal to the oracle."""
-    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
-
     monkeypatch.setenv("KV_STORE_CHUNKS", str(chunks))
     for rows in (3001, 7):
         index = fmt_name == "fp4_index"
         case = GpuCase(f"c{chunks}", fmt_name, rows, interleaved=interleaved, hadamard=index,
                        rows_per_block=5 if index else 64)
-        fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
-        out_norm = torch.full((rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
-        want, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache.clone(), out_norm.clone())
-        norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, interleaved=interleaved,
-                                      hadamard=case.hadamard, out_norm=out_norm, variant="v3")
-        _sync()
-        compare_bitwise(f"kv_cache rows={rows}", cache, want.to(cache.device)).check()
-        compare_bitwise(f"out_norm rows={rows}", out_norm, want_norm.to(out_norm.device)).check()
+        _check_v3_against_oracle(case)
 
 
 @requires_cuda
@@ -1079,22 +1085,13 @@ def test_kernel_v3_options(fmt_name, interleaved, rpt, monkeypatch):
     """v3 with its cast options on (KV_STORE_V3_OPTIONS: e2m1_bf16x2 for FP4 index, scale_mul for FP4
     main), rows per thread forced, on a partial last CTA, a tiny launch and a row of tiny values (scales
     at the amax floor): bitwise equal to the oracle (the options change instructions, not bytes)."""
-    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
-
     monkeypatch.setenv("KV_STORE_V3_OPTIONS", "e2m1_bf16x2,scale_mul")
     monkeypatch.setenv("KV_STORE_ROWS_PER_THREAD", str(rpt))
     index = fmt_name == "fp4_index"
     for rows, scale in ((3001, 1.0), (7, 1.0), (515, 1e-30 if index else 1e-6)):
         case = GpuCase(f"opt{rows}", fmt_name, rows, interleaved=interleaved, hadamard=index, scale=scale,
                        rows_per_block=5 if index else 64)
-        fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
-        out_norm = torch.full((rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
-        want, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache.clone(), out_norm.clone())
-        norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, interleaved=interleaved,
-                                      hadamard=case.hadamard, out_norm=out_norm, variant="v3")
-        _sync()
-        compare_bitwise(f"kv_cache rows={rows}", cache, want.to(cache.device)).check()
-        compare_bitwise(f"out_norm rows={rows}", out_norm, want_norm.to(out_norm.device)).check()
+        _check_v3_against_oracle(case)
 
 
 @requires_cuda
