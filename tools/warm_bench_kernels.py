@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def configs():
     import tilelang_ops.kv_store as K
     import tilelang_ops.topk as topk_mod
-    from benchmarks.bench_kv_store import FORMATS, ROWS, ROWS_PER_BLOCK
+    from benchmarks.bench_kv_store import FORMATS, OPTION_PEERS, ROWS, ROWS_PER_BLOCK
     from benchmarks.bench_topk import PEER_VARIANTS, SHAPES
 
     out = []
@@ -31,6 +31,14 @@ def configs():
                 static = (fmt.name, 64, True, hadamard, False, ROWS_PER_BLOCK if fmt.block_sections else 1,
                           "bfloat16", "int64", "int64", K.rows_per_thread(fmt, rows, variant))
                 out.append(("kv_store", variant, K.static_args(variant, fmt, static)))
+            if fmt.name in OPTION_PEERS:  # peer v3opt: v3 with the format's cast option on
+                static = (fmt.name, 64, True, hadamard, False, ROWS_PER_BLOCK if fmt.block_sections else 1,
+                          "bfloat16", "int64", "int64", K.rows_per_thread(fmt, rows, "v3"))
+                os.environ["KV_STORE_V3_OPTIONS"] = OPTION_PEERS[fmt.name]
+                try:
+                    out.append(("kv_store", "v3", K.static_args("v3", fmt, static)))
+                finally:
+                    del os.environ["KV_STORE_V3_OPTIONS"]
     variants = dict.fromkeys((topk_mod.TOPK_VARIANT,) + PEER_VARIANTS)
     for cap in sorted({topk_mod._cache_cap(n) for _, n, _ in SHAPES}):
         for v in variants:  # topk(x, k, return_value=False) on fp32 rows
