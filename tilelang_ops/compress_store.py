@@ -940,14 +940,21 @@ def compress_store_decode_kernel_v3(fmt_name: str, r: int, rope_dim: int, interl
             slotv = T.alloc_var("int64")
             okw = T.alloc_var("int32")  # this warp's token (phase 2) is ok
             ent = T.alloc_var("int32")  # ring entry (int32: one modulo per entry, not per vector access)
+            tok = T.alloc_var("int32")
+            ok = T.alloc_local([rows_cta], "int32")  # token j exists and its metadata is in range
+            closes = T.alloc_local([rows_cta], "int32")  # ... and it closes a group
+            # 1: position c - 1 - (r - 1 - t) of token j's group is token j - (r - 1 - t) of this step;
+            # 0: an earlier step's, in the ring
+            instep = T.alloc_local([rows_cta * (r - 1)], "int32")
             okw = 0
             for u in T.unroll(span):
+                tok = T.min(T.max(first + u, 0), num_tokens - 1)
                 for i in T.vectorized(F4):
-                    sc[u, i] = projected_kv[T.min(T.max(first + u, 0), num_tokens - 1), tx * F4 + i]
+                    sc[u, i] = projected_kv[tok, tx * F4 + i]
                 for i in T.vectorized(F4):
-                    lt[u, i] = projected_kv[T.min(T.max(first + u, 0), num_tokens - 1), dim + tx * F4 + i]
-                c[u] = ctx[T.min(T.max(first + u, 0), num_tokens - 1)]
-                sl[u] = sbi[T.min(T.max(first + u, 0), num_tokens - 1)]
+                    lt[u, i] = projected_kv[tok, dim + tx * F4 + i]
+                c[u] = ctx[tok]
+                sl[u] = sbi[tok]
             if row < num_tokens:
                 posv = T.Cast("int64", positions[row])
                 slotv = T.Cast("int64", slots[row])
@@ -955,36 +962,38 @@ def compress_store_decode_kernel_v3(fmt_name: str, r: int, rope_dim: int, interl
                 for v in T.unroll(VEC // wvec):
                     for i in T.vectorized(wvec):
                         wl[v * wvec + i] = weight[lane * VEC + v * wvec + i]
-            # token j sits in slot u = j + r - 1; it is ok when it exists and its metadata is in range
+            # token j sits in slot u = j + r - 1
             for j in T.unroll(rows_cta):
-                if (bx * rows_cta + j < num_tokens and c[j + r - 1] >= 1 and sl[j + r - 1] >= 0
-                        and sl[j + r - 1] < num_slots and (c[j + r - 1] - 1) % r == r - 1):
+                ok[j] = T.if_then_else(bx * rows_cta + j < num_tokens and c[j + r - 1] >= 1
+                                       and sl[j + r - 1] >= 0 and sl[j + r - 1] < num_slots, 1, 0)
+                closes[j] = T.if_then_else(ok[j] == 1 and (c[j + r - 1] - 1) % r == r - 1, 1, 0)
+                for t in T.unroll(r - 1):
+                    instep[j * (r - 1) + t] = T.if_then_else(
+                        bx * rows_cta + j - (r - 1 - t) >= 0 and sl[j + t] == sl[j + r - 1]
+                        and c[j + t] == c[j + r - 1] - (r - 1 - t), 1, 0)
+            for j in T.unroll(rows_cta):
+                if closes[j] == 1:
                     for t in T.unroll(r - 1):
-                        # position c - 1 - back: an earlier token of this step, else an earlier step's
-                        if not (bx * rows_cta + j - (r - 1 - t) >= 0 and sl[j + t] == sl[j + r - 1]
-                                and c[j + t] == c[j + r - 1] - (r - 1 - t)):
+                        if instep[j * (r - 1) + t] == 0:
                             ent = (c[j + r - 1] - 1 - (r - 1 - t)) % ring
                             for i in T.vectorized(F4):
                                 rsc[j * (r - 1) + t, i] = state[sl[j + r - 1], ent, 0, tx * F4 + i]
                             for i in T.vectorized(F4):
                                 rlt[j * (r - 1) + t, i] = state[sl[j + r - 1], ent, 1, tx * F4 + i]
             for j in T.unroll(rows_cta):
-                if (bx * rows_cta + j < num_tokens and c[j + r - 1] >= 1 and sl[j + r - 1] >= 0
-                        and sl[j + r - 1] < num_slots):
+                if ok[j] == 1:
                     ent = (c[j + r - 1] - 1) % ring
                     for i in T.vectorized(F4):
                         state[sl[j + r - 1], ent, 0, tx * F4 + i] = sc[j + r - 1, i]
                     for i in T.vectorized(F4):
                         state[sl[j + r - 1], ent, 1, tx * F4 + i] = lt[j + r - 1, i]
             for j in T.unroll(rows_cta):
-                if (bx * rows_cta + j < num_tokens and c[j + r - 1] >= 1 and sl[j + r - 1] >= 0
-                        and sl[j + r - 1] < num_slots and (c[j + r - 1] - 1) % r == r - 1):
+                if closes[j] == 1:
                     for i in T.unroll(F4):
                         sc1[r - 1, i] = sc[j + r - 1, i]
                         lt1[r - 1, i] = lt[j + r - 1, i]
                     for t in T.unroll(r - 1):
-                        if (bx * rows_cta + j - (r - 1 - t) >= 0 and sl[j + t] == sl[j + r - 1]
-                                and c[j + t] == c[j + r - 1] - (r - 1 - t)):
+                        if instep[j * (r - 1) + t] == 1:
                             for i in T.unroll(F4):
                                 sc1[t, i] = sc[j + t, i]
                                 lt1[t, i] = lt[j + t, i]
