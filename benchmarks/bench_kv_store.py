@@ -98,26 +98,17 @@ def _env(**env):
                 os.environ[k] = v
 
 
-def _warm(item):
-    from tilelang_ops.kv_store import kv_store_kernel_v3
-
-    kv_store_kernel_v3(*item)
-
-
 def sweep() -> None:
     """v3's launch shapes in SWEEP at 1M rows (kernels compiled first, in parallel processes)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
+    from tilelang_ops.build import compile_in_processes
     from tilelang_ops.kv_store import norm_rope_hadamard_cast_store, v3_options
 
     rows = 1 << 20
     items = [(fmt.name, 64, True, hadamard, False, ROWS_PER_BLOCK if fmt.block_sections else 1, "bfloat16",
               "int64", "int64", e[1], e[0], e[2]) + v3_options(fmt, _opts(e))
              for fmt, hadamard in FORMATS for e in SWEEP[fmt.name]]
-    spawn = multiprocessing.get_context("spawn")  # the parent may hold a CUDA context already
-    with ProcessPoolExecutor(max_workers=min(8, os.cpu_count() or 1), mp_context=spawn) as ex:
-        list(ex.map(_warm, items))
+    compile_in_processes([("tilelang_ops.kv_store", "kv_store_kernel_v3", item) for item in items],
+                         report=lambda line: None)
     for fmt, hadamard in FORMATS:
         kv, w, cos, sin, pos, slots, cache = _inputs(fmt, rows)
         args = (kv, w, 1e-6, cos, sin, pos, slots, cache, fmt)

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+
 import tilelang
 
 SM90_TARGET = {"kind": "cuda", "arch": "sm_90a"}
@@ -18,3 +24,28 @@ def compile_for_sm90(factory, *args, **kwargs):
         pass_configs=factory.pass_configs,
         compile_flags=factory.compile_flags,
     )
+
+
+def _compile_job(job):
+    module, factory, static = job
+    t0 = time.time()
+    try:
+        getattr(importlib.import_module(module), factory)(*static)
+        return f"{factory}{static}: {time.time() - t0:.1f} s"
+    except Exception as exc:  # noqa: BLE001 (reported; the caller compiles it again and fails loudly)
+        return f"{factory}{static}: FAILED {type(exc).__name__}: {str(exc)[:200]}"
+
+
+def compile_in_processes(jobs, workers=None, report=print):
+    """Compile ``getattr(module, factory)(*static)`` for each ``(module, factory, static)`` job in
+    parallel processes, for the machine's own target, into TileLang's disk cache (TILELANG_CACHE_DIR),
+    so a later run loads the kernels instead of compiling them one by one. Spawned processes: the
+    caller may already hold a CUDA context, which a forked child cannot use. Returns the seconds taken."""
+    jobs = list(dict.fromkeys(jobs))
+    workers = workers or min(8, os.cpu_count() or 1)
+    t0 = time.time()
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        for line in ex.map(_compile_job, jobs):
+            report(line)
+    report(f"compiled {len(jobs)} kernels in {time.time() - t0:.1f} s with {workers} workers")
+    return time.time() - t0

@@ -9,11 +9,8 @@ includes the detected target), with the same TILELANG_CACHE_DIR:
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
-import time
-from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,6 +25,9 @@ def configs():
     shapes |= {(True, f, True, n, "bfloat16", "int32") for f, n in (("fp8_main", False), ("fp8_main", True),
                                                                      ("fp4_main", False))}  # benchmark
     shapes |= {(False, "fp8_main", True, True, "bfloat16", "int32")}
+    kinds = {"p1": "compress_store_prefill_kernel", "p2": "compress_store_prefill_kernel_v2",
+             "p3": "compress_store_prefill_kernel_v3", "d1": "compress_store_decode_kernel",
+             "d2": "compress_store_decode_kernel_v2", "d3": "compress_store_decode_kernel_v3"}
     out = []
     for prefill, fmt, inter, norm, wdt, idt in sorted(shapes):
         static = (fmt, 2, 64, inter, norm, wdt, idt, idt)
@@ -47,30 +47,11 @@ def configs():
     out += [("p2", bench + shape) for shape in PREFILL_SHAPES]
     dec = ("fp8_main", 2, 64, True, True, "bfloat16", "int32", "int32")
     out += [("d2", dec + (w, False)) for w in DECODE_SHAPES]
-    return list(dict.fromkeys(out))
-
-
-def compile_one(item):
-    import tilelang_ops.compress_store as cs
-
-    kind, static = item
-    factory = {"p1": cs.compress_store_prefill_kernel, "p2": cs.compress_store_prefill_kernel_v2,
-               "d1": cs.compress_store_decode_kernel, "d2": cs.compress_store_decode_kernel_v2,
-               "p3": cs.compress_store_prefill_kernel_v3, "d3": cs.compress_store_decode_kernel_v3}[kind]
-    t0 = time.time()
-    try:
-        factory(*static)
-        return f"{kind} {static}: {time.time() - t0:.1f} s"
-    except Exception as exc:  # noqa: BLE001 (reported; the test run compiles it again and fails loudly)
-        return f"{kind} {static}: FAILED {type(exc).__name__}: {str(exc)[:200]}"
+    return [("tilelang_ops.compress_store", kinds[kind], static) for kind, static in dict.fromkeys(out)]
 
 
 if __name__ == "__main__":
-    workers = int(sys.argv[1]) if len(sys.argv) > 1 else min(8, os.cpu_count() or 1)
-    items = configs()
-    t0 = time.time()
-    spawn = multiprocessing.get_context("spawn")  # importing the tests may have initialized CUDA (no fork)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as ex:
-        for line in ex.map(compile_one, items):
-            print(line, flush=True)
-    print(f"warmed {len(items)} kernels in {time.time() - t0:.1f} s with {workers} workers")
+    from tilelang_ops.build import compile_in_processes
+
+    compile_in_processes(configs(), int(sys.argv[1]) if len(sys.argv) > 1 else None,
+                         report=lambda line: print(line, flush=True))
