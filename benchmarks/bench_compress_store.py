@@ -102,15 +102,16 @@ def _decode(batch, q, fmt):
     return args, kw, nbytes
 
 
-def _case(h, case, args, kw, nbytes, fused, two_kernel, twin, compiled, tiny):
+def _case(h, case, op, args, kw, nbytes, fused, two_kernel, twin, compiled, tiny):
+    """One BENCH line: ``fused`` (the ``op`` wrapper, "prefill" / "decode") at its default variant, its
+    other variants, the two-kernel pipeline and the twin (eager, compiled) as peers."""
+    from tilelang_ops.compress_store import VARIANT, VARIANTS
+
     timer = time_graph_us if tiny else time_us
     us = timer(lambda: fused(*args, **kw))
     peers = {"two_kernel": time_peer("two_kernel", lambda: two_kernel(*args, **kw), timer)}
-    from tilelang_ops.compress_store import VARIANT, VARIANTS
-
-    default = VARIANT[fused.__name__.rsplit("_", 1)[1]]  # compress_store_prefill / _decode
     for v in VARIANTS:  # the other variants (same bytes) as peers
-        if v != default:
+        if v != VARIANT[op]:
             other = functools.partial(fused, variant=v)
             peers[v] = time_peer(v, lambda other=other: other(*args, **kw), timer)
     eager = time_peer("eager", lambda: twin(*args, **kw), timer)
@@ -135,7 +136,7 @@ def run(h: Harness) -> None:
         if only and not any(o in case for o in only):
             continue
         args, kw, nbytes = _prefill(num_reqs, fmt, norm)
-        _case(h, case, args, kw, nbytes, compress_store_prefill, two_kernel_prefill,
+        _case(h, case, "prefill", args, kw, nbytes, compress_store_prefill, two_kernel_prefill,
               compress_store_prefill_torch, cp, tiny=False)
         del args, kw
         torch.cuda.empty_cache()
@@ -143,7 +144,7 @@ def run(h: Harness) -> None:
         if only and not any(o in case for o in only):
             continue
         args, kw, nbytes = _decode(batch, q, FP8_MAIN_KV_FORMAT)
-        _case(h, case, args, kw, nbytes, compress_store_decode, two_kernel_decode,
+        _case(h, case, "decode", args, kw, nbytes, compress_store_decode, two_kernel_decode,
               compress_store_decode_torch, cd, tiny=batch * q <= TINY_TOKENS)
         del args, kw
         torch.cuda.empty_cache()
