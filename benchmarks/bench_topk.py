@@ -1,8 +1,8 @@
 """topk benchmarks: the TileLang radix select vs torch.topk (the peer, also reported as eager).
 
-`us` is the default kernel variant (tilelang_ops.topk.TOPK_VARIANT); the GPU-verified variant "v1" is
-timed on the same input and reported as the peer `v1` (x_v1 > 1: the default is faster), and so is v3
-(peer `v3`, reported as v3_us) while it is not the default.
+`us` is the default kernel variant (tilelang_ops.topk.TOPK_VARIANT); every other variant (the
+GPU-verified fallback "v1", the previous default "v2") is timed on the same input and reported as a peer
+under its name (x_v1 > 1: the default is faster).
 
 Bytes = b * n * bytes per score (one read of the scores; the k outputs are negligible). Each shape runs
 for randn and for the adversarial distributions (case suffix), since a radix select's speed depends on
@@ -23,7 +23,7 @@ OP = "topk"
 SHAPES = [(128, 131072, 2048), (64, 32768, 2048), (1, 65536, 2048), (64, 8192, 512)]
 DISTS = {"": "randn", "_conc": "conc", "_tiny": "tiny", "_equal": "equal", "_few": "few",
          "_sorted": "sorted"}
-PEER_VARIANTS = ("v1", "v3")  # timed next to the default (whichever is not the default)
+PEER_VARIANTS = topk_mod.VARIANTS  # timed next to the default, all but the default itself
 
 
 def _scores(dist, b, n):

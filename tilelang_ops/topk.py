@@ -91,7 +91,12 @@ SMALL_CACHE = 4096  # short rows use a 16 KiB cache so several CTAs fit on an SM
 #   The generated v1 code is unchanged (its TIR equals the GPU-verified kernel's, unused vars aside).
 # * "v3": its own factory `topk_kernel_v3` (see the comment above it); selected like the others.
 VARIANTS = ("v1", "v2", "v3")
-TOPK_VARIANT = "v2"  # what topk / topk_to_slots launch; "v1" is the fallback
+TOPK_VARIANT = "v3"  # what topk / topk_to_slots launch; "v1" is the GPU-verified fallback
+
+
+def _f32_bits(score):
+    """The FP32 bits of a score (BF16 widened exactly), as uint32."""
+    return T.reinterpret(T.Cast("float32", score), "uint32")
 
 
 def _lin(variant, it, u, tx):
@@ -230,15 +235,13 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                 if T.And(done == 0, e > 2 * TILE):
                     if variant == "v1":
                         for u in T.unroll(UNROLL):
-                            kb[u] = T.reinterpret(
-                                "uint32", T.Cast("float32", scores[base + u * (e // UNROLL) + tx]))
+                            kb[u] = _f32_bits(scores[base + u * (e // UNROLL) + tx])
                     else:
                         # v2: 256 runs of 32 (one 128 B line per warp load) spread evenly over the row,
                         # so sorted or otherwise structured rows also get a useful bound (e // 256 >= 64)
                         for u in T.unroll(UNROLL):
-                            kb[u] = T.reinterpret("uint32", T.Cast(
-                                "float32",
-                                scores[base + (warp * UNROLL + u) * (e // (WARPS * UNROLL)) + lane]))
+                            kb[u] = _f32_bits(
+                                scores[base + (warp * UNROLL + u) * (e // (WARPS * UNROLL)) + lane])
                     for u in T.unroll(UNROLL):
                         kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
                         kb[u] = T.if_then_else(
@@ -314,16 +317,14 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                 if spec == 1:
                     for u in T.unroll(UNROLL):
                         i = _lin(variant, 0, u, tx)
-                        kn[u] = T.if_then_else(i < ne, T.reinterpret("uint32",
-                                                                     T.Cast("float32", scores[base + i])),
+                        kn[u] = T.if_then_else(i < ne, _f32_bits(scores[base + i]),
                                                ZERO)
                     for it in T.serial(T.ceildiv(ne, TILE)):
                         for u in T.unroll(UNROLL):
                             kb[u] = kn[u]
                         for u in T.unroll(UNROLL):
                             i = _lin(variant, it + 1, u, tx)
-                            kn[u] = T.if_then_else(i < ne, T.reinterpret("uint32",
-                                                                         T.Cast("float32", scores[base + i])),
+                            kn[u] = T.if_then_else(i < ne, _f32_bits(scores[base + i]),
                                                    ZERO)
                         for u in T.unroll(UNROLL):
                             kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
@@ -380,7 +381,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                 i = _lin(variant, 0, u, tx)
                                 kn[u] = T.if_then_else(
                                     i < ne,
-                                    T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
+                                    _f32_bits(scores[base + i]), ZERO)
                     for it in T.serial(T.ceildiv(ne, TILE)):
                         # all UNROLL loads first (memory-level parallelism), then the keys
                         for u in T.unroll(UNROLL):
@@ -392,7 +393,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                     kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
                                 else:
                                     kb[u] = T.if_then_else(
-                                        i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])),
+                                        i < ne, _f32_bits(scores[base + i]),
                                         ZERO)
                             else:  # v2: the source is set before pass 0 too (candidate pre-pass)
                                 if cache_cap > 0 and src == 1:
@@ -407,7 +408,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                     i = _lin(variant, it + 1, u, tx)
                                     kn[u] = T.if_then_else(
                                         i < ne,
-                                        T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
+                                        _f32_bits(scores[base + i]), ZERO)
                         if src == 0:
                             for u in T.unroll(UNROLL):
                                 # order-preserving key: -0.0 -> +0.0, NaN -> max, sign flip
@@ -564,14 +565,14 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                     i = _lin(variant, 0, u, tx)
                                     kn[u] = T.if_then_else(
                                         i < ne,
-                                        T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
+                                        _f32_bits(scores[base + i]), ZERO)
                             for it in T.serial(T.ceildiv(ne, TILE)):
                                 if variant == "v1":
                                     for u in T.unroll(UNROLL):
                                         i = _lin(variant, it, u, tx)
                                         kb[u] = T.if_then_else(
                                             i < ne,
-                                            T.reinterpret("uint32", T.Cast("float32", scores[base + i])),
+                                            _f32_bits(scores[base + i]),
                                             ZERO)
                                 else:
                                     for u in T.unroll(UNROLL):
@@ -580,8 +581,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                         i = _lin(variant, it + 1, u, tx)
                                         kn[u] = T.if_then_else(
                                             i < ne,
-                                            T.reinterpret("uint32",
-                                                          T.Cast("float32", scores[base + i])), ZERO)
+                                            _f32_bits(scores[base + i]), ZERO)
                                 for u in T.unroll(UNROLL):
                                     kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
                                     kb[u] = T.if_then_else(
@@ -646,7 +646,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     for u in T.unroll(UNROLL):
                         i = _lin(variant, 0, u, tx)
                         kn[u] = T.if_then_else(
-                            i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
+                            i < ne, _f32_bits(scores[base + i]), ZERO)
             for it in T.serial(T.ceildiv(ne, TILE)):
                 for u in T.unroll(UNROLL):
                     i = _lin(variant, it, u, tx)
@@ -658,13 +658,13 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                         kb[u] = kn[u]
                     else:
                         kb[u] = T.if_then_else(
-                            i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
+                            i < ne, _f32_bits(scores[base + i]), ZERO)
                 if variant == "v2":
                     if src == 0:
                         for u in T.unroll(UNROLL):
                             i = _lin(variant, it + 1, u, tx)
                             kn[u] = T.if_then_else(
-                                i < ne, T.reinterpret("uint32", T.Cast("float32", scores[base + i])), ZERO)
+                                i < ne, _f32_bits(scores[base + i]), ZERO)
                 if src == 0:
                     for u in T.unroll(UNROLL):
                         kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
@@ -856,7 +856,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
     CLS_TAKE, CLS_TIE, CNT_MASK = 1 << 28, 1 << 29, (1 << 28) - 1
 
     def raw(scores, i):
-        return T.reinterpret("uint32", T.Cast("float32", scores[i]))
+        return _f32_bits(scores[i])
 
     @T.macro
     def emit(scores, offset, cand, table, values, indices, row, base, pos, oi):
@@ -1078,7 +1078,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                         T.if_then_else(thr > T.uint32(0xFF800000), T.uint32(0x7FC00000),
                                                        thr & T.uint32(0x7FFFFFFF)),
                                         T.if_then_else(thr < T.uint32(0x007FFFFF), NEG_INF_BITS, ~thr))
-                    tf = T.reinterpret("float32", wd)
+                    tf = T.reinterpret(wd, "float32")
                     T.sync_threads()
                     for u in T.unroll(UNROLL):
                         i = _lin("v2", 0, u, tx)
@@ -1097,13 +1097,13 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         wsum = 0
                         if (it + 1) * TILE <= e:
                             for u in T.unroll(UNROLL):
-                                xf = T.reinterpret("float32", kb[u])
+                                xf = T.reinterpret(kb[u], "float32")
                                 inl[u] = T.ballot_sync(T.Or(xf >= tf, T.isnan(xf)))
                                 wsum = wsum + T.Cast("int32", T.popcount(T.Cast("uint32", inl[u])))
                         else:
                             for u in T.unroll(UNROLL):
                                 i = _lin("v2", it, u, tx)
-                                xf = T.reinterpret("float32", kb[u])
+                                xf = T.reinterpret(kb[u], "float32")
                                 inl[u] = T.ballot_sync(T.And(i < e, T.Or(xf >= tf, T.isnan(xf))))
                                 wsum = wsum + T.Cast("int32", T.popcount(T.Cast("uint32", inl[u])))
                         if wsum != 0:  # warp-uniform: one counter add per warp and tile
@@ -1515,7 +1515,7 @@ def block_max_kernel(block_size: int, in_dtype: str = "float32"):
                     if T.And(i < e, is_nan == 0):
                         raw = scores[row * ld + i]
                         v = T.Cast("float32", raw)  # exact widening, compares only
-                        if (T.reinterpret("uint32", v) & T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000):
+                        if (T.reinterpret(v, "uint32") & T.uint32(0x7FFFFFFF)) > T.uint32(0x7F800000):
                             best_raw = raw  # the first NaN wins with its exact bits (a float round
                             is_nan = 1  # trip would canonicalize a bf16 NaN)
                         elif T.Or(q == 0, v > best):  # first of equal maxima (-0.0 vs +0.0)
@@ -1637,34 +1637,28 @@ def build_all(quick: bool = False) -> list[str]:
     configuration per code path (the CPU test tier; `make diff` builds them all)."""
     from tilelang_ops.build import compile_for_sm90
 
-    v, fb = TOPK_VARIANT, "v1"  # the default variant everywhere, the fallback on the two big tiers
-    configs = [
-        (f"topk fp32 uncached {v}", topk_kernel, ("float32", "int32", "int32", 0, True, False, -1,
-                                                  float("-inf"), "topk", 0, 1, v)),
-        (f"topk fp32 cache32768 {v}", topk_kernel, ("float32", "int32", "int32", 32768, True, False, -1,
-                                                    float("-inf"), "topk", 0, 1, v)),
-        (f"topk bf16 int64+offset cache4096 {v}", topk_kernel, ("bfloat16", "int64", "int64", 4096, True,
-                                                                True, -1, float("-inf"), "topk", 0, 1, v)),
-        (f"topk fp32 indices-only fills {v}", topk_kernel, ("float32", "int32", "int32", 32768, False,
-                                                            False, -5, 0.0, "topk", 0, 1, v)),
-        (f"topk_to_slots fp32 cand16 Bc64 {v}", topk_kernel, ("float32", "int32", "int32", 0, False, False,
-                                                              -1, float("-inf"), "slots", 16, 64, v)),
-        (f"topk_to_slots bf16 Bc64 cache4096 {v}", topk_kernel, ("bfloat16", "int32", "int32", 4096,
-                                                                 False, False, -1, float("-inf"), "slots", 0,
-                                                                 64, v)),
-        (f"topk fp32 uncached {fb}", topk_kernel, ("float32", "int32", "int32", 0, True, False, -1,
-                                                   float("-inf"), "topk", 0, 1, fb)),
-        (f"topk fp32 cache32768 {fb}", topk_kernel, ("float32", "int32", "int32", 32768, True, False, -1,
-                                                     float("-inf"), "topk", 0, 1, fb)),
-        # v3 (its own factory): the uncached tier and the fused slots path in the quick set
-        ("topk fp32 uncached v3", topk_kernel_v3, ("float32", "int32", "int32", 0, True, False, -1,
-                                                   float("-inf"), "topk", 0, 1)),
-        ("topk_to_slots fp32 cand16 Bc64 v3", topk_kernel_v3, ("float32", "int32", "int32", 0, False, False,
-                                                               -1, float("-inf"), "slots", 16, 64)),
-        ("topk v3 fp32 cache32768", topk_kernel_v3, ("float32", "int32", "int32", 32768, True, False, -1,
-                                                     float("-inf"), "topk", 0, 1)),
-        ("topk v3 bf16 int64+offset cache4096", topk_kernel_v3, ("bfloat16", "int64", "int64", 4096, True,
-                                                                 True, -1, float("-inf"), "topk", 0, 1)),
+    # (name, static arguments without the variant): the default variant gets every code path, the other
+    # variants the two big tiers (uncached rows, the 32768 row cache)
+    paths = [
+        ("topk fp32 uncached", ("float32", "int32", "int32", 0, True, False, -1, float("-inf"), "topk", 0,
+                                1)),
+        ("topk fp32 cache32768", ("float32", "int32", "int32", 32768, True, False, -1, float("-inf"), "topk",
+                                  0, 1)),
+        ("topk bf16 int64+offset cache4096", ("bfloat16", "int64", "int64", 4096, True, True, -1,
+                                              float("-inf"), "topk", 0, 1)),
+        ("topk fp32 indices-only fills", ("float32", "int32", "int32", 32768, False, False, -5, 0.0, "topk",
+                                          0, 1)),
+        ("topk_to_slots fp32 cand16 Bc64", ("float32", "int32", "int32", 0, False, False, -1, float("-inf"),
+                                            "slots", 16, 64)),
+        ("topk_to_slots bf16 Bc64 cache4096", ("bfloat16", "int32", "int32", 4096, False, False, -1,
+                                               float("-inf"), "slots", 0, 64)),
+    ]
+    configs = []
+    for variant in (TOPK_VARIANT,) + tuple(v for v in VARIANTS if v != TOPK_VARIANT):
+        for name, static in paths if variant == TOPK_VARIANT else paths[:2]:
+            factory = topk_kernel_v3 if variant == "v3" else topk_kernel
+            configs.append((f"{name} {variant}", factory, static if variant == "v3" else static + (variant,)))
+    configs += [
         ("block_max bs16 fp32", block_max_kernel, (16, "float32")),
         ("block_max bs8 bf16", block_max_kernel, (8, "bfloat16")),
         ("restore bs16", restore_kernel, (16,)),
