@@ -2,8 +2,8 @@
 torch.compile). Bytes = BF16 rows read + cache bytes written (no out_norm in these cases).
 
 The default variant (v3) is reported with the previous one (v2) as peer ``v2`` and, for the FP4 formats,
-v3 with its cast options on as peer ``v3opt`` (``OPTION_PEERS``; e2m1_bf16x2 / scale_mul, off by default
-until timed). KV_STORE_SWEEP=1 also times v3's launch shapes in ``SWEEP`` (chunks, rows per thread, min
+v3 with its cast options off as peer ``v3plain`` (``OPTION_PEERS``; the default turns e2m1_bf16x2 /
+scale_mul on). KV_STORE_SWEEP=1 also times v3's launch shapes in ``SWEEP`` (chunks, rows per thread, min
 CTAs per SM, cast options) at 1M rows (lines ``SWEEP kv_store ...``; tuning data for
 ``tilelang_ops.kv_store.CHUNKS`` / ``ROWS_PER_THREAD_V3`` / ``V3_OPTIONS``, not reported)."""
 
@@ -25,7 +25,7 @@ FORMATS = ((FP8_MAIN_KV_FORMAT, False), (FP4_MAIN_KV_FORMAT, False), (FP4_INDEX_
 ROWS_PER_BLOCK = 64
 MAX_POSITION = 8192
 TINY = 64  # at or below this many rows, time CUDA-graph replays (launch-bound)
-OPTION_PEERS = {"fp4_main": "scale_mul", "fp4_index": "e2m1_bf16x2"}  # KV_STORE_V3_OPTIONS of peer v3opt
+OPTION_PEERS = {"fp4_main": "none", "fp4_index": "none"}  # KV_STORE_V3_OPTIONS of peer v3plain
 
 
 def _inputs(fmt, rows):
@@ -59,7 +59,7 @@ def run(h: Harness) -> None:
             peers = {"v2": v2_us}
             if fmt.name in OPTION_PEERS:
                 with _env(KV_STORE_V3_OPTIONS=OPTION_PEERS[fmt.name]):
-                    peers["v3opt"] = timer(
+                    peers["v3plain"] = timer(
                         lambda: norm_rope_hadamard_cast_store(*args, **kw, variant="v3"))  # noqa: B023
             nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
             h.report(OP, f"{fmt.name}_rows{rows}", nbytes, us, eager_us=eager_us, compile_us=compile_us,

@@ -835,7 +835,7 @@ def test_build_sm90_v3(fmt_name):
         assert "__shfl_xor_sync" in src
 
 
-def test_build_sm90_v3_options():
+def test_build_sm90_v3_options(monkeypatch):
     """v3's cast options lower and compile; e2m1_bf16x2 declares and calls its BF16x2 helpers, keeps the
     8-byte payload stores and needs no division for the scale; scale_mul drops the amax / 6 division;
     options off (or not applicable) leave the source without them."""
@@ -856,6 +856,11 @@ def test_build_sm90_v3_options():
     assert v3_options(FORMATS["fp8_main"], names) == () and v3_options(FORMATS["bf16"], names) == ()
     with pytest.raises(ValueError, match="options"):
         v3_options(FORMATS["fp4_main"], ("e2m1_bf16", ))
+    monkeypatch.delenv("KV_STORE_V3_OPTIONS", raising=False)  # the defaults: on where they apply
+    assert v3_options(FORMATS["fp4_index"]) == (True, False)
+    assert v3_options(FORMATS["fp4_main"]) == (False, True)
+    monkeypatch.setenv("KV_STORE_V3_OPTIONS", "none")
+    assert v3_options(FORMATS["fp4_index"]) == () and v3_options(FORMATS["fp4_main"]) == ()
 
 
 @pytest.mark.parametrize("cfg", [("bf16", 64, True, False, True, 1, "bfloat16", "int64", "int64", 2),
@@ -1080,12 +1085,14 @@ def test_kernel_v3_chunks(fmt_name, interleaved, chunks, monkeypatch):
 @requires_cuda
 @pytest.mark.parametrize("rpt", [1, 2])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
+@pytest.mark.parametrize("options", ["e2m1_bf16x2,scale_mul", "none"], ids=["options", "plain"])
 @pytest.mark.parametrize("fmt_name", ["fp4_main", "fp4_index"])
-def test_kernel_v3_options(fmt_name, interleaved, rpt, monkeypatch):
+def test_kernel_v3_options(fmt_name, options, interleaved, rpt, monkeypatch):
     """v3 with its cast options on (KV_STORE_V3_OPTIONS: e2m1_bf16x2 for FP4 index, scale_mul for FP4
-    main), rows per thread forced, on a partial last CTA, a tiny launch and a row of tiny values (scales
-    at the amax floor): bitwise equal to the oracle (the options change instructions, not bytes)."""
-    monkeypatch.setenv("KV_STORE_V3_OPTIONS", "e2m1_bf16x2,scale_mul")
+    main; the default) and off, rows per thread forced, on a partial last CTA, a tiny launch and a row of
+    tiny values (scales at the amax floor): bitwise equal to the oracle (the options change
+    instructions, not bytes)."""
+    monkeypatch.setenv("KV_STORE_V3_OPTIONS", options)
     monkeypatch.setenv("KV_STORE_ROWS_PER_THREAD", str(rpt))
     index = fmt_name == "fp4_index"
     for rows, scale in ((3001, 1.0), (7, 1.0), (515, 1e-30 if index else 1e-6)):

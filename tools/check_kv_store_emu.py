@@ -5,7 +5,8 @@ with only in-range slots, the loop reference). Every format, both RoPE conventio
 thread R = 1 / 2, out_norm on / off, BF16 / FP32 weights, int32 / int64 indices, odd row counts, slot -1,
 slots beyond the cache and positions beyond the table. Each variant in ``VARIANTS`` is checked, and
 "v3opt": v3 with every cast option of ``V3_OPTION_NAMES`` on (e2m1_bf16x2 for FP4 index rows, scale_mul
-for FP4 main rows; the other formats have none and are skipped). The BF16x2 helpers of e2m1_bf16x2 run as
+for FP4 main rows; the other formats have none and are skipped), and "v3plain": v3 with none (checked
+where ``V3_OPTIONS`` turns one on by default, i.e. where plain v3 differs from "v3"). The BF16x2 helpers of e2m1_bf16x2 run as
 a C++ emulation (``EMU_PRELUDE``: exact FMA, one RNE to BF16; prmt / vmax on the bytes / halves).
 `--mutate` checks that deliberately broken sources are caught.
 
@@ -30,9 +31,9 @@ os.makedirs(SRC, exist_ok=True)
 _KHASH = __import__("hashlib").md5(open(K.__file__, "rb").read()).hexdigest()[:8]
 
 
-VARIANTS = list(K.VARIANTS) + ["v3opt"]
-OPTIONS = {"v3opt": K.V3_OPTION_NAMES}  # pseudo-variant -> v3 with these options
-KERNEL = {"v3opt": "v3"}
+VARIANTS = list(K.VARIANTS) + ["v3opt", "v3plain"]
+OPTIONS = {"v3opt": K.V3_OPTION_NAMES, "v3plain": ()}  # pseudo-variant -> v3 with these options
+KERNEL = {"v3opt": "v3", "v3plain": "v3"}
 
 # C++ stand-ins for kv_store.BF16X2_PRELUDE and the CUDA integer intrinsics it is used with. The FMA:
 # BF16 x BF16 is exact in double, the double FMA rounds once (exact for the encode's operands, whose
@@ -126,8 +127,12 @@ def static_args(variant, case, fmt, w, pos, slots, has_norm, R):
 
 
 def applies(variant, case):
-    """False for an option pseudo-variant whose options do not apply to the case's format."""
-    return variant not in OPTIONS or bool(K.v3_options(K._FORMATS[case.fmt], OPTIONS[variant]))
+    """False for an option pseudo-variant whose kernel is another variant's: v3opt where no option applies
+    to the case's format, v3plain where the default turns none on."""
+    fmt = K._FORMATS[case.fmt]
+    if variant == "v3plain":
+        return bool(K.v3_options(fmt, K.V3_OPTIONS[fmt.name]))
+    return variant not in OPTIONS or bool(K.v3_options(fmt, OPTIONS[variant]))
 
 
 def run_emu(variant, case, R, has_norm, data, edit=None, order="forward"):
@@ -238,7 +243,7 @@ def main():
                 got = run_emu(v, case, Rs[0], has_norm, data, edit=edit)
                 d = [ndiff(a, b) for a, b in zip(got, want)]
                 print(f"mutation {v} {name}: mismatches {d} -> {'caught' if any(d) else 'MISSED'}")
-        for v in [v for v in variants if v in OPTIONS]:
+        for v in [v for v in variants if v == "v3opt"]:  # the options' code
             for name, (ci, edit) in OPTION_MUTATIONS.items():
                 case, Rs, has_norm, bad = CASES[ci]
                 data = inputs(case, bad)

@@ -36,11 +36,11 @@ def configs():
 
     kv, tk = "tilelang_ops.kv_store", "tilelang_ops.topk"
     out = []
-    for fmt, hadamard in FORMATS:  # the default variant, the v2 peer and the v3opt peer, every row count
+    for fmt, hadamard in FORMATS:  # the default variant, the v2 peer and the v3plain peer, every row count
         for rows in ROWS:
             for variant in dict.fromkeys((K.VARIANT, "v2")):
                 out.append((kv, FACTORIES[variant], _kv_static(variant, fmt, hadamard, rows)))
-            if fmt.name in OPTION_PEERS:  # v3 with the format's cast option on
+            if fmt.name in OPTION_PEERS:  # v3 with the peer's cast options
                 os.environ["KV_STORE_V3_OPTIONS"] = OPTION_PEERS[fmt.name]
                 try:
                     out.append((kv, FACTORIES["v3"], _kv_static("v3", fmt, hadamard, rows)))
