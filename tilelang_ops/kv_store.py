@@ -677,6 +677,9 @@ CHUNKS = {"fp8_main": 2, "fp4_main": 2, "fp4_index": 2, "bf16": 2}
 # rows on the H200 (us, none -> 5): fp8 R=2 547 -> 539, fp4 R=1 559 -> R=2 516, fp4 index R=1 212 -> 200,
 # bf16 R=2 602 -> 581. 6 or 7 (80 / 72 registers) spill more and were slower except fp4 R=1.
 MIN_CTAS_V3 = {"fp8_main": 5, "fp4_main": 5, "fp4_index": 5, "bf16": 5}
+# Tried on the H200 and dropped: CTA bx prefetching into L2 (prefetch.global.L2) the rows of CTA bx + one /
+# two waves (SMs x MIN_CTAS_V3 CTAs); at 1M rows, us without -> one wave / two waves: fp8 538 -> 541 / 690,
+# fp4 500 -> 505 / 577, fp4 index 180 -> 184 / 187, bf16 581 -> 632 / 779.
 
 
 # v3 cast options (make_row_store's e2m1_bf16x2: FP4 index rows, scale_mul: FP4 main rows; same bytes,
