@@ -19,6 +19,7 @@ from benchmarks.harness import Harness, compile_peer, time_graph_us, time_peer, 
 from metadata.cache_format import FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT
 from metadata.prepare_tensor_input import SeqMetadata, prepare_tensor_input
 from reference.compress_store import compress_store_decode_torch, compress_store_prefill_torch
+from tilelang_ops.compress_store import V2_PREFILL_SHAPES
 
 OP = "compress_store"
 D, R, RING, BLOCK = 512, 2, 7, 128
@@ -38,7 +39,7 @@ TINY_TOKENS = 512  # at or below this many query tokens, time CUDA-graph replays
 # tools/warm_compress_store_kernels.py ran first): (4, 4, 3) is the shape the smaller prefill cases use
 # anyway, (8, 4, 3) / 4 warps are the defaults; (8, 4, 2) lifts the register cap (168 -> ~212, 8 warps
 # per SM instead of 12); (8, 2, 6) keeps 12 warps per SM in CTAs of half the size (a shorter tail wave).
-PREFILL_SHAPES = [(8, 4, 3), (8, 2, 6), (12, 4, 3), (6, 4, 3), (4, 4, 3), (16, 4, 3), (8, 4, 2)]
+PREFILL_SHAPES = V2_PREFILL_SHAPES
 DECODE_SHAPES = [4, 2]
 
 

@@ -35,6 +35,7 @@ from reference.compress_store import (
 )
 from reference.kv_store import apply_rope_ref, norm_rope_hadamard_cast_store_ref
 from tests.conftest import case_id, requires_cuda
+from tilelang_ops.compress_store import V2_PREFILL_SHAPES
 from tilelang_ops.testing import compare_bitwise
 
 SENTINEL = 0xA5
@@ -701,6 +702,23 @@ VARIANT_CASE_IDS = ("p_fp8_b7_len9_min_ring", "p_fp4_b64_len300_half_w32_i64",
 @pytest.mark.parametrize("case", [c for c in GPU_CASES if c.id in VARIANT_CASE_IDS], ids=case_id)
 def test_gpu_each_variant_exact(case, variant):
     _check_gpu_case(case, variant)
+
+
+@requires_cuda
+@pytest.mark.parametrize("shape", V2_PREFILL_SHAPES, ids=lambda s: "rpw{}_w{}_min{}".format(*s))
+def test_gpu_prefill_v2_launch_shapes(shape, monkeypatch):
+    """v2 prefill at every candidate launch shape (``V2_PREFILL_SHAPES``, the benchmark's sweep: rows per
+    warp, warps per CTA, min CTAs per SM), so that any of them can become the default: bitwise as in the
+    other GPU tests, on request boundaries inside a warp's rows, ring reads and a long odd-start chunk."""
+    import tilelang_ops.compress_store as cs
+
+    rpw, warps, min_ctas = shape
+    monkeypatch.setattr(cs, "V2_ROWS_PER_WARP", rpw)
+    monkeypatch.setattr(cs, "V2_WARPS", warps)
+    monkeypatch.setattr(cs, "V2_MIN_CTAS_PER_SM", min_ctas)
+    for case in GPU_CASES:
+        if case.id in ("p_fp8_b7_len9_min_ring", "p_fp8_b4_len8192_min_ring_odd"):
+            _check_gpu_case(case, "v2")
 
 
 @requires_cuda

@@ -90,6 +90,9 @@ VARIANT = {"prefill": "v2", "decode": "v3"}
 V2_WARPS = 4  # v2 prefill warps per CTA
 V2_ROWS_PER_WARP = 8  # v2 prefill rows per warp (the pipeline's depth in time: one prologue per warp)
 V2_MIN_CTAS_PER_SM = 3  # v2 prefill __launch_bounds__ minimum (<= 168 registers: 12 warps per SM)
+# (rows per warp, warps, min CTAs per SM) candidates: the benchmark's sweep times them, the GPU tests check
+# each bitwise (benchmarks/bench_compress_store.py says why each is there)
+V2_PREFILL_SHAPES = [(8, 4, 3), (8, 2, 6), (12, 4, 3), (6, 4, 3), (4, 4, 3), (16, 4, 3), (8, 4, 2)]
 # Tried on the H200 and dropped: an L2 prefetch (prefetch.global.L2, one line per lane per token) of the
 # warp's row 1 / 2 ahead in stage B made 1M FP8 tokens slower, 1200 -> 1280 / 1370 us.
 V2_DECODE_WARPS = 4
