@@ -714,6 +714,7 @@ def test_gpu_prefill_v2_launch_shapes(shape, monkeypatch):
 
     rpw, warps, min_ctas = shape
     monkeypatch.setattr(cs, "V2_ROWS_PER_WARP", rpw)
+    monkeypatch.setattr(cs, "V2_ROWS_PER_WARP_SMALL", rpw)  # these cases are below V2_MANY_ROWS rows
     monkeypatch.setattr(cs, "V2_WARPS", warps)
     monkeypatch.setattr(cs, "V2_MIN_CTAS_PER_SM", min_ctas)
     for case in GPU_CASES:

@@ -88,7 +88,8 @@ F4 = 4  # FP32 elements per 16-byte vector access
 VARIANTS = ("v1", "v2", "v3")
 VARIANT = {"prefill": "v2", "decode": "v3"}
 V2_WARPS = 4  # v2 prefill warps per CTA
-V2_ROWS_PER_WARP = 8  # v2 prefill rows per warp (the pipeline's depth in time: one prologue per warp)
+V2_ROWS_PER_WARP = 16  # v2 prefill rows per warp (the pipeline's depth in time: one prologue per warp)
+V2_ROWS_PER_WARP_SMALL = 4  # below V2_MANY_ROWS rows (more CTAs: shorter tail waves)
 V2_MIN_CTAS_PER_SM = 3  # v2 prefill __launch_bounds__ minimum (<= 168 registers: 12 warps per SM)
 # (rows per warp, warps, min CTAs per SM) candidates: the benchmark's sweep times them, the GPU tests check
 # each bitwise (benchmarks/bench_compress_store.py says why each is there)
@@ -1116,7 +1117,7 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
     elif v == "v3":
         launch = _prefill_kernel_v3(*static, V3_MIN_CTAS_PER_SM, V2_FAST)
     else:
-        rpw = V2_ROWS_PER_WARP if dims.store.rows >= V2_MANY_ROWS else max(1, V2_ROWS_PER_WARP // 2)
+        rpw = V2_ROWS_PER_WARP if dims.store.rows >= V2_MANY_ROWS else V2_ROWS_PER_WARP_SMALL
         launch = _prefill_kernel_v2(*static, rpw, V2_WARPS, V2_MIN_CTAS_PER_SM, V2_FAST)
     launch(
         projected_kv.contiguous(), state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(),

@@ -33,7 +33,7 @@ def configs():
         static = (fmt, 2, 64, inter, norm, wdt, idt, idt)
         if prefill:
             out.append(("p1", static + (cs.PREFILL_ROWS_PER_WARP, cs.WARPS)))
-            for rpw in sorted({cs.V2_ROWS_PER_WARP, max(1, cs.V2_ROWS_PER_WARP // 2)}):
+            for rpw in sorted({cs.V2_ROWS_PER_WARP, cs.V2_ROWS_PER_WARP_SMALL}):
                 out.append(("p2", static + (rpw, cs.V2_WARPS, cs.V2_MIN_CTAS_PER_SM, cs.V2_FAST)))
             out.append(("p3", static + (cs.V3_MIN_CTAS_PER_SM, cs.V2_FAST)))
         else:
