@@ -83,7 +83,7 @@ F4 = 4  # FP32 elements per 16-byte vector access
 # int32 ring entries, speculative in-step neighbour loads in decode. "v1": the first fused kernel,
 # verified bitwise against the two-kernel pipeline on the H200. All stay selectable so a GPU run compares
 # them (tests, benchmark peers) and the default can be flipped back.
-# On the H200 (us, v2 -> v3): prefill 1M FP8 tokens 1202 -> 1403, 64K 90.0 -> 93.9, 1M FP4 1261 -> 1404;
+# On the H200 (us, v2 -> v3): prefill 1M FP8 tokens 1182 -> 1404, 64K 90.1 -> 93.3, 1M FP4 1241 -> 1402;
 # decode b1q1 2.0 -> 2.3, b64q6 5.2 -> 4.3, b4096q6 89.9 -> 76.9.
 VARIANTS = ("v1", "v2", "v3")
 VARIANT = {"prefill": "v2", "decode": "v3"}
