@@ -36,8 +36,9 @@ TINY_TOKENS = 512  # at or below this many query tokens, time CUDA-graph replays
 # COMPRESS_STORE_SWEEP=1 also times other launch shapes of the v2 kernel (tuning data, not reported as
 # BENCH lines): prefill (rows per warp, warps per CTA, min CTAs per SM) on 1M FP8 tokens, decode warps
 # on b4096q6. New compilations ~9 s each on the GPU machine (none when
-# tools/warm_compress_store_kernels.py ran first): (4, 4, 3) is the shape the smaller prefill cases use
-# anyway, (8, 4, 3) / 4 warps are the defaults; (8, 4, 2) lifts the register cap (168 -> ~212, 8 warps
+# tools/warm_compress_store_kernels.py ran first): (16, 4, 3) / 4 warps are the defaults, (6 / 8 / 12, 4, 3)
+# and (4, 4, 3) (the shape of the smaller prefill launches) the pipeline depth around it (one prologue
+# per warp against fewer, longer-lived warps); (8, 4, 2) lifts the register cap (168 -> ~212, 8 warps
 # per SM instead of 12); (8, 2, 6) keeps 12 warps per SM in CTAs of half the size (a shorter tail wave).
 PREFILL_SHAPES = V2_PREFILL_SHAPES
 DECODE_SHAPES = [4, 2]

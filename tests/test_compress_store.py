@@ -717,17 +717,18 @@ def test_gpu_prefill_v2_launch_shapes(shape, monkeypatch):
     monkeypatch.setattr(cs, "V2_ROWS_PER_WARP_SMALL", rpw)  # these cases are below V2_MANY_ROWS rows
     monkeypatch.setattr(cs, "V2_WARPS", warps)
     monkeypatch.setattr(cs, "V2_MIN_CTAS_PER_SM", min_ctas)
-    for case in GPU_CASES:
-        if case.id in ("p_fp8_b7_len9_min_ring", "p_fp8_b4_len8192_min_ring_odd"):
-            _check_gpu_case(case, "v2")
+    cases = [c for c in GPU_CASES if c.id in ("p_fp8_b7_len9_min_ring", "p_fp8_b4_len8192_min_ring_odd")]
+    assert len(cases) == 2, [c.id for c in cases]
+    for case in cases:
+        _check_gpu_case(case, "v2")
 
 
 @requires_cuda
 def test_gpu_variants_agree_on_1m_tokens():
     """The benchmark's biggest prefill input (256 requests x 4096 tokens at odd starts, built on the
-    GPU by the benchmark's own builder; 8 rows per warp in v2), with out_norm: v2 == v1 and v3 == v1
-    bitwise (ring, cache, out_norm). The references would take too long here; v1 is the GPU-verified
-    baseline."""
+    GPU by the benchmark's own builder; V2_ROWS_PER_WARP rows per warp in v2), with out_norm: v2 == v1
+    and v3 == v1 bitwise (ring, cache, out_norm). The references would take too long here; v1 is the
+    GPU-verified baseline."""
     from benchmarks.bench_compress_store import _prefill
 
     args, kw, _ = _prefill(256, FP8_MAIN_KV_FORMAT, norm=True)

@@ -84,7 +84,7 @@ F4 = 4  # FP32 elements per 16-byte vector access
 # verified bitwise against the two-kernel pipeline on the H200. All stay selectable so a GPU run compares
 # them (tests, benchmark peers) and the default can be flipped back.
 # On the H200 (us, v2 -> v3): prefill 1M FP8 tokens 1182 -> 1404, 64K 90.1 -> 93.3, 1M FP4 1241 -> 1402;
-# decode b1q1 2.0 -> 2.3, b64q6 5.2 -> 4.3, b4096q6 89.9 -> 76.9.
+# decode b1q1 2.0 -> 2.4, b64q6 5.4 -> 4.2, b4096q6 90.3 -> 77.7.
 VARIANTS = ("v1", "v2", "v3")
 VARIANT = {"prefill": "v2", "decode": "v3"}
 V2_WARPS = 4  # v2 prefill warps per CTA

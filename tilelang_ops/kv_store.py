@@ -546,8 +546,8 @@ def kv_store_kernel_v3(fmt_name: str, rope_dim: int, interleaved: bool, hadamard
                        e2m1_bf16x2: bool = False, scale_mul: bool = False):
     """Variant v3: v2's arithmetic with ``chunks`` 16-element chunks per lane (``make_row_store``);
     ``min_ctas`` > 1 caps registers so that many CTAs fit an SM (``__launch_bounds__``).
-    ``e2m1_bf16x2`` / ``scale_mul``: the cast options of ``make_row_store`` (off by default; same bytes;
-    formats they do not apply to ignore them)."""
+    ``e2m1_bf16x2`` / ``scale_mul``: the cast options of ``make_row_store`` (False here; the wrapper
+    passes ``V3_OPTIONS``, on for the FP4 formats; same bytes; formats they do not apply to ignore them)."""
     return _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
                           weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=True, chunks=chunks,
                           e2m1_fma=True, min_ctas=min_ctas, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul)
@@ -778,7 +778,7 @@ def norm_rope_hadamard_cast_store(kv, norm_weight, eps, cos, sin, positions, slo
     kv [rows, fmt.dim] bf16, norm_weight [fmt.dim] bf16/fp32, cos/sin [max_position, rope_dim/2] fp32,
     positions/slot_mapping [rows] int32/int64, kv_cache [num_blocks, fmt.block_bytes(rpb)] uint8
     (written in place), out_norm optional [rows, fmt.dim] bf16. kv may be non-contiguous (copied).
-    ``variant``: "v1" / "v2" (None: the module's ``VARIANT``); same bytes, different instruction mix.
+    ``variant``: "v1" / "v2" / "v3" (None: the module's ``VARIANT``); same bytes, different instruction mix.
     """
     variant = VARIANT if variant is None else variant
     if variant not in VARIANTS:

@@ -21,8 +21,8 @@ Top-k algorithm (one CTA of 1024 threads per row), exact and deterministic:
   the passes simply keep reading the row: slower, still exact. Speculation: long rows first estimate a
   lower bound of the threshold from a sample (8 chunks of 1024 spread over the row) and pass 0 compacts
   the keys above it on the fly; when that list turns out to hold >= k and <= CAND keys (checked exactly)
-  the row is read only once (+ the sample), else it is ignored. (Variant v2, the default, differs in
-  the on-chip work only: see VARIANTS below.)
+  the row is read only once (+ the sample), else it is ignored. (Variant v2 differs in the on-chip
+  work only, v3 is its own factory with the default algorithm: see VARIANTS below.)
 * Final ordered pass: a key above hi is taken; a key in [lo, hi] is taken iff fewer than `kk` such keys
   precede it (block-wide ordered prefix counts with warp ballots), which gives ties to
   the lower index. The write position is the ordered count of taken lanes before it, so the output is in
@@ -76,7 +76,7 @@ CAND = 8192
 MAX_CACHE = 32768
 SMALL_CACHE = 4096  # short rows use a 16 KiB cache so several CTAs fit on an SM
 
-# Kernel variants (a static kernel argument; both stay compiled and tested):
+# Kernel variants (the last static argument of ``_topk_jit``; all stay compiled and tested):
 # * "v1": GPU-verified (exact on every test case): histogram adds aggregated with match_any_sync; a tile
 #   is UNROLL strips of THREADS entries and its ordered scans run once per strip.
 # * "v2": the same algorithm with cheaper on-chip work: a warp whose lanes all hit one bin adds 32 once,

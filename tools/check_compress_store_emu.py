@@ -90,7 +90,7 @@ def diff(a, b):
     return int((a.view(torch.uint8) != b.view(torch.uint8)).sum()) if a.dtype != torch.uint8 else int((a != b).sum())
 
 CASES = [
-    (GpuCase("p_fp8_b7_len9_min_ring", True, "fp8_main", 7, 9, 0, 2, max_before=9), [(2, 2, 1), (8, 4, 3), (1, 4, 3)], (4, 4)),
+    (GpuCase("p_fp8_b7_len9_min_ring", True, "fp8_main", 7, 9, 0, 2, max_before=9), [(2, 2, 1), (8, 4, 3), (1, 4, 3), (16, 4, 3)], (4, 4)),
     (GpuCase("p_fp8_b40_len30_ring7", True, "fp8_main", 40, 30, 7, 3, max_before=40), [(8, 4, 3), (3, 2, 1)], (4, 4)),
     (GpuCase("p_fp4_b20_len25_half_w32_i64", True, "fp4_main", 20, 25, 7, 4, interleaved=False, weight_fp32=True, index64=True), [(8, 4, 3), (4, 4, 3)], (4, 4)),
     (GpuCase("p_bf16_b33_len12_min_ring_nonorm", True, "bf16", 33, 12, 0, 5, out_norm=False), [(8, 4, 3), (2, 4, 3)], (4, 4)),

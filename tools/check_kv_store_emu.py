@@ -127,12 +127,12 @@ def static_args(variant, case, fmt, w, pos, slots, has_norm, R):
 
 
 def applies(variant, case):
-    """False for an option pseudo-variant whose kernel is another variant's: v3opt where no option applies
-    to the case's format, v3plain where the default turns none on."""
+    """False for an option pseudo-variant whose kernel is v3's own for the case's format (the options
+    it asks for are the defaults there)."""
     fmt = K._FORMATS[case.fmt]
-    if variant == "v3plain":
-        return bool(K.v3_options(fmt, K.V3_OPTIONS[fmt.name]))
-    return variant not in OPTIONS or bool(K.v3_options(fmt, OPTIONS[variant]))
+    if variant not in OPTIONS:
+        return True
+    return K.v3_options(fmt, OPTIONS[variant]) != K.v3_options(fmt, K.V3_OPTIONS[fmt.name])
 
 
 def run_emu(variant, case, R, has_norm, data, edit=None, order="forward"):

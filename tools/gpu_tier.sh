@@ -11,11 +11,14 @@
 set -u
 LOG_DIR=${LOG_DIR:-gpu_logs}
 mkdir -p "$LOG_DIR"
+rm -f "$LOG_DIR"/test_*.log "$LOG_DIR"/diff.log "$LOG_DIR"/bench.log  # a summary of this run only
 export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-$PWD/.cache/tilelang}
-read -r -a kernel_tests <<< "${KERNEL_TESTS:-tests/test_compress.py tests/test_kv_store.py tests/test_compress_store.py tests/test_topk.py}"
-other_tests=()
+all_kernel_tests="tests/test_compress.py tests/test_kv_store.py tests/test_compress_store.py tests/test_topk.py"
+kernel_tests=()
+for f in ${KERNEL_TESTS:-$all_kernel_tests}; do kernel_tests+=("tests/$(basename "$f")"); done
+other_tests=()  # never a kernel file, whichever subset runs
 for f in tests/test_*.py; do
-  case " ${kernel_tests[*]} " in *" $f "*) ;; *) other_tests+=("$f") ;; esac
+  case " $all_kernel_tests " in *" $f "*) ;; *) other_tests+=("$f") ;; esac
 done
 SHARDS=${SHARDS:-3}
 pids=()

@@ -158,14 +158,18 @@ def run_case(case_id: str, device):
 
 def build_check():
     from tilelang_ops.build import compile_for_sm90
-    from tilelang_ops.kv_store import KERNELS
+    from tilelang_ops.kv_store import _FORMATS, KERNELS, rows_per_thread, static_args
 
     built = []
     for variant, factory in KERNELS.items():
         for name, hadamard, rpb in (("fp8_main", False, 1), ("fp4_main", False, 1), ("fp4_index", True, 64),
                                     ("bf16", False, 1)):
+            fmt = _FORMATS[name]
             for interleaved in (True, False):
-                compile_for_sm90(factory, name, 64, interleaved, hadamard, True, rpb, "bfloat16",
-                                 "int64", "int64")
+                # the wrapper's configuration of a large launch (rows per thread, v3's chunks, min CTAs
+                # and cast options)
+                static = (name, 64, interleaved, hadamard, True, rpb, "bfloat16", "int64", "int64",
+                          rows_per_thread(fmt, 1 << 20, variant))
+                compile_for_sm90(factory, *static_args(variant, fmt, static, 64, interleaved))
                 built.append(f"{variant}_{name}_{'il' if interleaved else 'half'}")
     return built
