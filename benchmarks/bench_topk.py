@@ -1,8 +1,8 @@
 """topk benchmarks: the TileLang radix select vs torch.topk (the peer, also reported as eager).
 
 `us` is the default kernel variant (tilelang_ops.topk.TOPK_VARIANT); every other variant (the
-GPU-verified fallback "v1", the previous default "v2") is timed on the same input and reported as a peer
-under its name (x_v1 > 1: the default is faster).
+GPU-verified fallback "v1") is timed on the same input and reported as a peer under its name (x_v1 > 1:
+the default is faster).
 
 Bytes = b * n * bytes per score (one read of the scores; the k outputs are negligible). Each shape runs
 for randn and for the adversarial distributions (case suffix), since a radix select's speed depends on

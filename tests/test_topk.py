@@ -474,10 +474,10 @@ def test_wrappers_reject_cpu_tensors_and_bad_args():
 def test_build_sm90():
     from tilelang_ops.topk import TOPK_VARIANT, build_all
 
-    # each code path of the default variant, the uncached tier of the others (all: `make diff`)
+    # each code path of the default variant, the uncached tier of the other (all: `make diff`)
     built = build_all(quick=True)
     assert f"topk_to_slots fp32 cand16 Bc64 {TOPK_VARIANT}" in built
-    assert all(f"topk fp32 uncached {v}" in built for v in ("v1", "v2", "v3"))
+    assert all(f"topk fp32 uncached {v}" in built for v in ("v1", "v3"))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -561,12 +561,12 @@ def test_gpu_topk_exact(case):
         compare_bitwise("values vs loop", v, lv).check()
 
 
-# Every kernel variant on a subset (v1: GPU-verified fallback; v2: the previous default; v3: the default, see
-# tilelang_ops.topk): a failure here names the variant, so the default can be flipped with confidence.
+# Every kernel variant on a subset (v1: GPU-verified fallback; v3: the default, see tilelang_ops.topk): a
+# failure here names the variant, so the default can be flipped with confidence.
 VARIANT_CASES = [
     GpuCase("randn", 7, 2048, 512, "random"),
     GpuCase("special", 7, 100, 16, "random", "bf16", "sorted"),
-    GpuCase("randn", 64, 32768, 2048),  # 32768 row-cache tier: v2 samples + compacts candidates
+    GpuCase("randn", 64, 32768, 2048),  # 32768 tier: v1 caches the row, v3 samples + compacts candidates
     GpuCase("few", 64, 32768, 2048),
     GpuCase("equal", 64, 32768, 2048),
     GpuCase("special", 16, 30000, 3000, "random", "bf16"),
@@ -598,7 +598,7 @@ VARIANT_CASES = [
     GpuCase("ties50", 16, 8192, 300, "random", mode="sorted_index"),
     GpuCase("ascending", 8, 8192, 4095, "random", mode="sorted"),
 ]
-VARIANT_NAMES = ["v1", "v2", "v3"]
+VARIANT_NAMES = ["v1", "v3"]
 
 
 @requires_cuda

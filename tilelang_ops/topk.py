@@ -21,8 +21,8 @@ Top-k algorithm (one CTA of 1024 threads per row), exact and deterministic:
   the passes simply keep reading the row: slower, still exact. Speculation: long rows first estimate a
   lower bound of the threshold from a sample (8 chunks of 1024 spread over the row) and pass 0 compacts
   the keys above it on the fly; when that list turns out to hold >= k and <= CAND keys (checked exactly)
-  the row is read only once (+ the sample), else it is ignored. (Variant v2 differs in the on-chip
-  work only, v3 is its own factory with the default algorithm: see VARIANTS below.)
+  the row is read only once (+ the sample), else it is ignored. (This is variant v1; v3, the default,
+  is its own factory: see below and VARIANTS.)
 * Final ordered pass: a key above hi is taken; a key in [lo, hi] is taken iff fewer than `kk` such keys
   precede it (block-wide ordered prefix counts with warp ballots), which gives ties to
   the lower index. The write position is the ordered count of taken lanes before it, so the output is in
@@ -76,21 +76,13 @@ CAND = 8192
 MAX_CACHE = 32768
 SMALL_CACHE = 4096  # short rows use a 16 KiB cache so several CTAs fit on an SM
 
-# Kernel variants (the last static argument of ``_topk_jit``; all stay compiled and tested):
-# * "v1": GPU-verified (exact on every test case): histogram adds aggregated with match_any_sync; a tile
-#   is UNROLL strips of THREADS entries and its ordered scans run once per strip.
-# * "v2": the same algorithm with cheaper on-chip work: a warp whose lanes all hit one bin adds 32 once,
-#   else every lane adds 1 (no match_any_sync); a warp owns UNROLL * 32 consecutive entries of a tile
-#   (still one coalesced 128 B load per instruction), so the ordered scans (compaction and the final
-#   pass) need one count per warp and one cross-warp scan per tile instead of one per strip; global
-#   loads are software-pipelined (tile it + 1 in flight while tile it is processed); the lane class
-#   rides in the rank register (no spills). Rows > 2 * TILE (uncached and the 32768 row-cache tier)
-#   read the row once *only* to compact the keys >= the sampled bound (no histogram work in that
-#   read); when the exact count is in [k, CAND] all three radix passes and the ordered pass run on that
-#   list in shared memory, else the passes read the row cache / the row as in v1 (one extra read).
-#   The generated v1 code is unchanged (its TIR equals the GPU-verified kernel's, unused vars aside).
-# * "v3": its own factory `topk_kernel_v3` (see the comment above it); selected like the others.
-VARIANTS = ("v1", "v2", "v3")
+# Kernel variants (the last static argument of ``_topk_jit``; both stay compiled and tested):
+# * "v1" (`topk_kernel`): GPU-verified (exact on every test case): histogram adds aggregated with
+#   match_any_sync; a tile is UNROLL strips of THREADS entries and its ordered scans run once per strip.
+# * "v3" (`topk_kernel_v3`, the default; see the comment above it): its own factory.
+# A "v2" (v1's algorithm with cheaper on-chip work) was the default until v3 replaced it and was then
+# removed; its measured figures are in bench_results/h200.txt.
+VARIANTS = ("v1", "v3")
 TOPK_VARIANT = "v3"  # what topk / topk_to_slots launch; "v1" is the GPU-verified fallback
 
 
@@ -99,10 +91,14 @@ def _f32_bits(score):
     return T.reinterpret(T.Cast("float32", score), "uint32")
 
 
-def _lin(variant, it, u, tx):
-    """Row entry handled by thread tx for strip u of tile it (the order of the ordered scans)."""
-    if variant == "v1":
-        return it * TILE + u * THREADS + tx
+def _lin(it, u, tx):
+    """v1: row entry handled by thread tx for strip u of tile it (the order of the ordered scans)."""
+    return it * TILE + u * THREADS + tx
+
+
+def _lin_warp(it, u, tx):
+    """v3: row entry handled by thread tx for lane group u of tile it, where a warp owns UNROLL * 32
+    consecutive entries (one count per warp and one cross-warp scan per tile in the ordered scans)."""
     return it * TILE + (tx // 32) * (UNROLL * 32) + u * 32 + tx % 32
 
 
@@ -117,23 +113,20 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                 cand_bs: int = 0, block_c: int = 1, variant: str = "v1"):
     """mode "topk": indices (+ values); mode "slots": indices -> candidate restore (cand_bs > 0) ->
     physical slots through the block table, all in the epilogue of the ordered pass.
-    variant "v1": the GPU-verified kernel; "v2": same algorithm, cheaper on-chip work (see VARIANTS)."""
-    if variant not in ("v1", "v2"):  # v3 is its own factory (topk_kernel_v3; _topk_jit picks it)
-        raise ValueError(f"topk_kernel variant must be 'v1' or 'v2' (of {VARIANTS}), got {variant!r}")
+    variant: "v1" only (a static argument, so v1's cache keys name it; v3 is `topk_kernel_v3`)."""
+    if variant != "v1":  # v3 is its own factory (topk_kernel_v3; _topk_jit picks it)
+        raise ValueError(f"topk_kernel variant must be 'v1' (of {VARIANTS}; v3 is topk_kernel_v3), "
+                         f"got {variant!r}")
     total = T.dynamic("total", "int64")  # flat scores storage: (b - 1) * ld + n elements
     b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
     nc, mb = T.dynamic("nc, mb")
     cache = max(cache_cap, 1)
-    # candidate list (compacted keys >= a sampled threshold bound): uncached rows; in v2 also the 32768
-    # row-cache tier, whose later passes then run on the short list instead of the whole cached row
-    use_cand = cache_cap == 0 or (variant == "v2" and cache_cap > 2 * TILE)
+    use_cand = cache_cap == 0  # candidate list (compacted keys >= a sampled threshold bound): uncached rows
     n_cand = CAND if use_cand else 1
-    CACHE_SRC = 1 if cache_cap > 0 else 0  # src value of the row cache, when there is one
     SIGN, ZERO, ABS = T.uint32(0x80000000), T.uint32(0), T.uint32(0x7FFFFFFF)
     INF_BITS, KEY_MAX = T.uint32(0x7F800000), T.uint32(0xFFFFFFFF)
     NO_BIN = T.uint32(0xFFFFFFFF)  # lane that adds nothing to the histogram
     TIE = 1 << 16  # packed counts: taken-for-sure in the low 16 bits, ties above
-    CLS_TAKE, CLS_TIE, CNT_MASK = 1 << 28, 1 << 29, (1 << 28) - 1  # v2: lane class next to its counts
 
     @T.prim_func
     def kernel(
@@ -160,7 +153,6 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             s_ck = T.alloc_shared([n_cand], "uint32")  # candidate keys, ascending index (use_cand)
             s_ci = T.alloc_shared([n_cand], "int32")  # their row indices
             kb = T.alloc_local([UNROLL], "uint32")  # keys of this thread's UNROLL lanes of a tile
-            kn = T.alloc_local([UNROLL], "uint32")  # v2: raw bits of the next tile (loads in flight)
             cl = T.alloc_local([UNROLL], "int32")  # packed take/tie flag per lane
             inl = T.alloc_local([UNROLL], "int32")  # packed counts of lower lanes in the warp
 
@@ -200,9 +192,6 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             spec_n = T.alloc_var("int32")  # exact count of keys >= lo_est seen so far
             lo_est = T.alloc_var("uint32")
             kt = T.alloc_var("int32")
-            b0 = T.alloc_var("uint32")  # v2: lane 0's histogram bin
-            wsum = T.alloc_var("int32")  # v2: running (packed) count of this warp's lanes in a tile
-            cv = T.alloc_var("int32")  # v2: class of a lane in the ordered pass (0, 1 taken, TIE)
 
             base = T.Cast("int64", row) * ld
             lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)  # lanes below mine
@@ -233,15 +222,8 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                 # entries spread over the row), so that pass 0 can also compact the keys >= lo_est. The
                 # guess is verified exactly at the end of pass 0 (k <= count <= CAND), else unused.
                 if T.And(done == 0, e > 2 * TILE):
-                    if variant == "v1":
-                        for u in T.unroll(UNROLL):
-                            kb[u] = _f32_bits(scores[base + u * (e // UNROLL) + tx])
-                    else:
-                        # v2: 256 runs of 32 (one 128 B line per warp load) spread evenly over the row,
-                        # so sorted or otherwise structured rows also get a useful bound (e // 256 >= 64)
-                        for u in T.unroll(UNROLL):
-                            kb[u] = _f32_bits(
-                                scores[base + (warp * UNROLL + u) * (e // (WARPS * UNROLL)) + lane])
+                    for u in T.unroll(UNROLL):
+                        kb[u] = _f32_bits(scores[base + u * (e // UNROLL) + tx])
                     for u in T.unroll(UNROLL):
                         kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
                         kb[u] = T.if_then_else(
@@ -271,20 +253,10 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                         sh = T.max(0, 21 - T.Cast("int32", T.clz(kmax - kmin)))
                         for u in T.unroll(UNROLL):
                             bv = (kb[u] - kmin) >> T.Cast("uint32", sh)
-                            if variant == "v1":
-                                peers = T.match_any_sync(bv)
-                                if (peers & lt) == ZERO:
-                                    T.atomic_add(s_hist[T.Cast("int32", bv)],
-                                                 T.Cast("int32", T.popcount(peers)))
-                            else:
-                                # one add of 32 when the whole warp hits one bin (ties, concentrated
-                                # scores), else one plain add per lane (match_any_sync is slow)
-                                b0 = T.shfl_sync(bv, 0)
-                                if T.all_sync(bv == b0) != 0:
-                                    if T.And(lane == 0, b0 != NO_BIN):
-                                        T.atomic_add(s_hist[T.Cast("int32", b0)], 32)
-                                elif bv != NO_BIN:
-                                    T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
+                            peers = T.match_any_sync(bv)
+                            if (peers & lt) == ZERO:
+                                T.atomic_add(s_hist[T.Cast("int32", bv)],
+                                             T.Cast("int32", T.popcount(peers)))
                         T.sync_threads()
                         # bin of the kt-th largest sample: kt ~ 1.25x the expected winners in a sample
                         kt = T.min(TILE, (k * TILE) // e + (k * TILE) // e // 4 + 64)
@@ -310,61 +282,6 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     spec = 1
                     T.sync_threads()  # s_hist / s_mm / s_scan / s_sel are reused by pass 0
 
-            if variant == "v2" and use_cand:
-                # v2: a compaction-only read of the row (no histogram work): the keys >= lo_est in index
-                # order, with their row indices. When k <= count <= CAND (exact count) every winner is
-                # in the list and all radix passes run on it; else they read the row (or its cache).
-                if spec == 1:
-                    for u in T.unroll(UNROLL):
-                        i = _lin(variant, 0, u, tx)
-                        kn[u] = T.if_then_else(i < ne, _f32_bits(scores[base + i]),
-                                               ZERO)
-                    for it in T.serial(T.ceildiv(ne, TILE)):
-                        for u in T.unroll(UNROLL):
-                            kb[u] = kn[u]
-                        for u in T.unroll(UNROLL):
-                            i = _lin(variant, it + 1, u, tx)
-                            kn[u] = T.if_then_else(i < ne, _f32_bits(scores[base + i]),
-                                                   ZERO)
-                        for u in T.unroll(UNROLL):
-                            kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
-                            kb[u] = T.if_then_else(
-                                (kb[u] & ABS) > INF_BITS, KEY_MAX,
-                                T.if_then_else(kb[u] >= SIGN, ~kb[u], kb[u] | SIGN))
-                            if cache_cap > 0:
-                                i = _lin(variant, it, u, tx)
-                                if T.And(e <= cache_cap, i < ne):
-                                    s_keys[i] = kb[u]
-                        wsum = 0
-                        for u in T.unroll(UNROLL):
-                            i = _lin(variant, it, u, tx)
-                            dm = T.Cast("uint32", T.ballot_sync(T.And(i < ne, kb[u] >= lo_est)))
-                            inl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo_est),
-                                                    wsum + T.Cast("int32", T.popcount(dm & lt)), -1)
-                            wsum = wsum + T.Cast("int32", T.popcount(dm))
-                        if lane == 0:
-                            s_scan[it % 2, 0, warp] = wsum
-                        T.sync_threads()
-                        wtot = s_scan[it % 2, 0, lane]
-                        tmp = T.if_then_else(lane < warp, wtot, 0)
-                        for o in (16, 8, 4, 2, 1):
-                            tmp = tmp + T.shfl_xor(tmp, o)
-                            wtot = wtot + T.shfl_xor(wtot, o)
-                        for u in T.unroll(UNROLL):
-                            i = _lin(variant, it, u, tx)
-                            pos = spec_n + tmp + inl[u]
-                            if T.And(inl[u] >= 0, pos < CAND):
-                                s_ck[pos] = kb[u]
-                                s_ci[pos] = i
-                        spec_n = spec_n + wtot
-                    T.sync_threads()
-                    # at least k keys >= lo_est: the k-th largest (the threshold) is >= lo_est, so every
-                    # winner is in the list; else the row cache (filled above) or the row itself
-                    src = T.if_then_else(T.And(spec_n >= k, spec_n <= CAND), 2,
-                                         T.if_then_else(e <= cache_cap, CACHE_SRC, 0))
-                    ne = T.if_then_else(src == 2, spec_n, ne)
-                    spec = 0
-
             for p in range(PASSES):
                 if done == 0:
                     # bins of 2^sh keys over [lo, hi]: at most BINS of them (hi > lo while not done)
@@ -374,41 +291,18 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     kmin = KEY_MAX
                     kmax = ZERO
                     T.sync_threads()
-                    if variant == "v2":
-                        if src == 0:
-                            # software pipeline: tile it + 1 loads while tile it is processed
-                            for u in T.unroll(UNROLL):
-                                i = _lin(variant, 0, u, tx)
-                                kn[u] = T.if_then_else(
-                                    i < ne,
-                                    _f32_bits(scores[base + i]), ZERO)
                     for it in T.serial(T.ceildiv(ne, TILE)):
                         # all UNROLL loads first (memory-level parallelism), then the keys
                         for u in T.unroll(UNROLL):
-                            i = _lin(variant, it, u, tx)
-                            if variant == "v1":
-                                if p > 0 and cache_cap > 0 and src == 1:
-                                    kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
-                                elif p > 0 and use_cand and src == 2:
-                                    kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
-                                else:
-                                    kb[u] = T.if_then_else(
-                                        i < ne, _f32_bits(scores[base + i]),
-                                        ZERO)
-                            else:  # v2: the source is set before pass 0 too (candidate pre-pass)
-                                if cache_cap > 0 and src == 1:
-                                    kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
-                                elif use_cand and src == 2:
-                                    kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
-                                else:
-                                    kb[u] = kn[u]
-                        if variant == "v2":
-                            if src == 0:
-                                for u in T.unroll(UNROLL):
-                                    i = _lin(variant, it + 1, u, tx)
-                                    kn[u] = T.if_then_else(
-                                        i < ne,
-                                        _f32_bits(scores[base + i]), ZERO)
+                            i = _lin(it, u, tx)
+                            if p > 0 and cache_cap > 0 and src == 1:
+                                kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
+                            elif p > 0 and use_cand and src == 2:
+                                kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
+                            else:
+                                kb[u] = T.if_then_else(
+                                    i < ne, _f32_bits(scores[base + i]),
+                                    ZERO)
                         if src == 0:
                             for u in T.unroll(UNROLL):
                                 # order-preserving key: -0.0 -> +0.0, NaN -> max, sign flip
@@ -417,11 +311,11 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                     (kb[u] & ABS) > INF_BITS, KEY_MAX,
                                     T.if_then_else(kb[u] >= SIGN, ~kb[u], kb[u] | SIGN))
                                 if p == 0 and cache_cap > 0:
-                                    i = _lin(variant, it, u, tx)
+                                    i = _lin(it, u, tx)
                                     if T.And(e <= cache_cap, i < ne):
                                         s_keys[i] = kb[u]
                         for u in T.unroll(UNROLL):
-                            i = _lin(variant, it, u, tx)
+                            i = _lin(it, u, tx)
                             bv = NO_BIN
                             if i < ne:
                                 if T.And(kb[u] >= lo, kb[u] <= hi):
@@ -429,70 +323,32 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                                     kmin = T.min(kmin, kb[u])
                                     kmax = T.max(kmax, kb[u])
                             # warp-aggregated add: concentrated scores hit one bin from every lane
-                            if variant == "v1":
-                                peers = T.match_any_sync(bv)
-                                if T.And(bv != NO_BIN, (peers & lt) == ZERO):
-                                    T.atomic_add(s_hist[T.Cast("int32", bv)],
-                                                 T.Cast("int32", T.popcount(peers)))
-                            else:
-                                # one add of 32 when the whole warp hits one bin (ties, concentrated
-                                # scores), else one plain add per lane (match_any_sync is slow)
-                                b0 = T.shfl_sync(bv, 0)
-                                if T.all_sync(bv == b0) != 0:
-                                    if T.And(lane == 0, b0 != NO_BIN):
-                                        T.atomic_add(s_hist[T.Cast("int32", b0)], 32)
-                                elif bv != NO_BIN:
-                                    T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
-                        if use_cand and variant == "v1":
+                            peers = T.match_any_sync(bv)
+                            if T.And(bv != NO_BIN, (peers & lt) == ZERO):
+                                T.atomic_add(s_hist[T.Cast("int32", bv)],
+                                             T.Cast("int32", T.popcount(peers)))
+                        if use_cand:
                             if spec == 1:
                                 # pass 0 of a long row: ordered compaction of the keys >= lo_est
-                                if variant == "v1":
-                                    for u in T.unroll(UNROLL):
-                                        i = _lin(variant, it, u, tx)
-                                        cl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo_est), 1, 0)
-                                        dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
-                                        inl[u] = T.Cast("int32", T.popcount(dm & lt))
-                                        if lane == 0:
-                                            s_scan[it % 2, u, warp] = T.Cast("int32", T.popcount(dm))
-                                    T.sync_threads()
-                                    for u in T.unroll(UNROLL):
-                                        i = _lin(variant, it, u, tx)
-                                        wtot = s_scan[it % 2, u, lane]
-                                        tmp = T.if_then_else(lane < warp, wtot, 0)
-                                        for o in (16, 8, 4, 2, 1):
-                                            tmp = tmp + T.shfl_xor(tmp, o)
-                                            wtot = wtot + T.shfl_xor(wtot, o)
-                                        pos = spec_n + tmp + inl[u]
-                                        if T.And(cl[u] == 1, pos < CAND):
-                                            s_ck[pos] = kb[u]
-                                            s_ci[pos] = i
-                                        spec_n = spec_n + wtot
-                                else:
-                                    # warp-contiguous lanes: one count per warp and tile, one scan per tile
-                                    wsum = 0
-                                    for u in T.unroll(UNROLL):
-                                        i = _lin(variant, it, u, tx)
-                                        # inl = rank among the warp's kept lanes, -1: not kept (no cl[]:
-                                        # fewer registers, the next tile's loads are in flight)
-                                        dm = T.Cast("uint32", T.ballot_sync(T.And(i < ne, kb[u] >= lo_est)))
-                                        inl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo_est),
-                                                                wsum + T.Cast("int32", T.popcount(dm & lt)),
-                                                                -1)
-                                        wsum = wsum + T.Cast("int32", T.popcount(dm))
+                                for u in T.unroll(UNROLL):
+                                    i = _lin(it, u, tx)
+                                    cl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo_est), 1, 0)
+                                    dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
+                                    inl[u] = T.Cast("int32", T.popcount(dm & lt))
                                     if lane == 0:
-                                        s_scan[it % 2, 0, warp] = wsum
-                                    T.sync_threads()
-                                    wtot = s_scan[it % 2, 0, lane]
+                                        s_scan[it % 2, u, warp] = T.Cast("int32", T.popcount(dm))
+                                T.sync_threads()
+                                for u in T.unroll(UNROLL):
+                                    i = _lin(it, u, tx)
+                                    wtot = s_scan[it % 2, u, lane]
                                     tmp = T.if_then_else(lane < warp, wtot, 0)
                                     for o in (16, 8, 4, 2, 1):
                                         tmp = tmp + T.shfl_xor(tmp, o)
                                         wtot = wtot + T.shfl_xor(wtot, o)
-                                    for u in T.unroll(UNROLL):
-                                        i = _lin(variant, it, u, tx)
-                                        pos = spec_n + tmp + inl[u]
-                                        if T.And(inl[u] >= 0, pos < CAND):
-                                            s_ck[pos] = kb[u]
-                                            s_ci[pos] = i
+                                    pos = spec_n + tmp + inl[u]
+                                    if T.And(cl[u] == 1, pos < CAND):
+                                        s_ck[pos] = kb[u]
+                                        s_ci[pos] = i
                                     spec_n = spec_n + wtot
                     T.sync_threads()
                     # thread t owns bins BINS-1-2t (higher) and BINS-2-2t; scan in descending bin order
@@ -543,11 +399,8 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                     T.sync_threads()  # s_hist / s_sel / s_scan are rewritten next
                     if p == 0 and cache_cap > 0:
                         if e <= cache_cap:
-                            if variant == "v1":
-                                src = 1  # later passes read the row's keys from shared memory
-                            else:
-                                src = T.if_then_else(src == 0, 1, src)  # (2: the candidate list)
-                    if use_cand and variant == "v1":
+                            src = 1  # later passes read the row's keys from shared memory
+                    if use_cand:
                         if spec == 1:
                             # at least k keys >= lo_est: the k-th largest (the threshold) is >= lo_est, so
                             # every winner is in the compacted list (also when `done` already)
@@ -560,79 +413,37 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                         # compact them once, in index order, so later passes never touch the row again.
                         if T.And(T.And(done == 0, src == 0), k - kk + cnt <= CAND):
                             run_def = 0
-                            if variant == "v2":
-                                for u in T.unroll(UNROLL):
-                                    i = _lin(variant, 0, u, tx)
-                                    kn[u] = T.if_then_else(
-                                        i < ne,
-                                        _f32_bits(scores[base + i]), ZERO)
                             for it in T.serial(T.ceildiv(ne, TILE)):
-                                if variant == "v1":
-                                    for u in T.unroll(UNROLL):
-                                        i = _lin(variant, it, u, tx)
-                                        kb[u] = T.if_then_else(
-                                            i < ne,
-                                            _f32_bits(scores[base + i]),
-                                            ZERO)
-                                else:
-                                    for u in T.unroll(UNROLL):
-                                        kb[u] = kn[u]
-                                    for u in T.unroll(UNROLL):
-                                        i = _lin(variant, it + 1, u, tx)
-                                        kn[u] = T.if_then_else(
-                                            i < ne,
-                                            _f32_bits(scores[base + i]), ZERO)
+                                for u in T.unroll(UNROLL):
+                                    i = _lin(it, u, tx)
+                                    kb[u] = T.if_then_else(
+                                        i < ne,
+                                        _f32_bits(scores[base + i]),
+                                        ZERO)
                                 for u in T.unroll(UNROLL):
                                     kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
                                     kb[u] = T.if_then_else(
                                         (kb[u] & ABS) > INF_BITS, KEY_MAX,
                                         T.if_then_else(kb[u] >= SIGN, ~kb[u], kb[u] | SIGN))
-                                if variant == "v1":
-                                    for u in T.unroll(UNROLL):
-                                        i = _lin(variant, it, u, tx)
-                                        cl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo), 1, 0)
-                                        dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
-                                        inl[u] = T.Cast("int32", T.popcount(dm & lt))
-                                        if lane == 0:
-                                            s_scan[it % 2, u, warp] = T.Cast("int32", T.popcount(dm))
-                                    T.sync_threads()
-                                    for u in T.unroll(UNROLL):
-                                        i = _lin(variant, it, u, tx)
-                                        wtot = s_scan[it % 2, u, lane]
-                                        tmp = T.if_then_else(lane < warp, wtot, 0)
-                                        for o in (16, 8, 4, 2, 1):
-                                            tmp = tmp + T.shfl_xor(tmp, o)
-                                            wtot = wtot + T.shfl_xor(wtot, o)
-                                        pos = run_def + tmp + inl[u]
-                                        if T.And(cl[u] == 1, pos < CAND):
-                                            s_ck[pos] = kb[u]
-                                            s_ci[pos] = i
-                                        run_def = run_def + wtot
-                                else:
-                                    wsum = 0
-                                    for u in T.unroll(UNROLL):
-                                        i = _lin(variant, it, u, tx)
-                                        # inl = rank among the warp's kept lanes, -1: not kept (no cl[]:
-                                        # fewer registers, the next tile's loads are in flight)
-                                        dm = T.Cast("uint32", T.ballot_sync(T.And(i < ne, kb[u] >= lo)))
-                                        inl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo),
-                                                                wsum + T.Cast("int32", T.popcount(dm & lt)),
-                                                                -1)
-                                        wsum = wsum + T.Cast("int32", T.popcount(dm))
+                                for u in T.unroll(UNROLL):
+                                    i = _lin(it, u, tx)
+                                    cl[u] = T.if_then_else(T.And(i < ne, kb[u] >= lo), 1, 0)
+                                    dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
+                                    inl[u] = T.Cast("int32", T.popcount(dm & lt))
                                     if lane == 0:
-                                        s_scan[it % 2, 0, warp] = wsum
-                                    T.sync_threads()
-                                    wtot = s_scan[it % 2, 0, lane]
+                                        s_scan[it % 2, u, warp] = T.Cast("int32", T.popcount(dm))
+                                T.sync_threads()
+                                for u in T.unroll(UNROLL):
+                                    i = _lin(it, u, tx)
+                                    wtot = s_scan[it % 2, u, lane]
                                     tmp = T.if_then_else(lane < warp, wtot, 0)
                                     for o in (16, 8, 4, 2, 1):
                                         tmp = tmp + T.shfl_xor(tmp, o)
                                         wtot = wtot + T.shfl_xor(wtot, o)
-                                    for u in T.unroll(UNROLL):
-                                        i = _lin(variant, it, u, tx)
-                                        pos = run_def + tmp + inl[u]
-                                        if T.And(inl[u] >= 0, pos < CAND):
-                                            s_ck[pos] = kb[u]
-                                            s_ci[pos] = i
+                                    pos = run_def + tmp + inl[u]
+                                    if T.And(cl[u] == 1, pos < CAND):
+                                        s_ck[pos] = kb[u]
+                                        s_ci[pos] = i
                                     run_def = run_def + wtot
                             T.sync_threads()
                             src = 2
@@ -641,150 +452,75 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             # ordered pass: take keys above hi, and the first kk keys in [lo, hi]
             run_def = 0
             run_tie = 0
-            if variant == "v2":
-                if src == 0:
-                    for u in T.unroll(UNROLL):
-                        i = _lin(variant, 0, u, tx)
-                        kn[u] = T.if_then_else(
-                            i < ne, _f32_bits(scores[base + i]), ZERO)
             for it in T.serial(T.ceildiv(ne, TILE)):
                 for u in T.unroll(UNROLL):
-                    i = _lin(variant, it, u, tx)
+                    i = _lin(it, u, tx)
                     if cache_cap > 0 and src == 1:
                         kb[u] = T.if_then_else(i < ne, s_keys[i], ZERO)
                     elif use_cand and src == 2:
                         kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
-                    elif variant == "v2":
-                        kb[u] = kn[u]
                     else:
                         kb[u] = T.if_then_else(
                             i < ne, _f32_bits(scores[base + i]), ZERO)
-                if variant == "v2":
-                    if src == 0:
-                        for u in T.unroll(UNROLL):
-                            i = _lin(variant, it + 1, u, tx)
-                            kn[u] = T.if_then_else(
-                                i < ne, _f32_bits(scores[base + i]), ZERO)
                 if src == 0:
                     for u in T.unroll(UNROLL):
                         kb[u] = T.if_then_else(kb[u] == SIGN, ZERO, kb[u])
                         kb[u] = T.if_then_else(
                             (kb[u] & ABS) > INF_BITS, KEY_MAX,
                             T.if_then_else(kb[u] >= SIGN, ~kb[u], kb[u] | SIGN))
-                if variant == "v1":
-                    for u in T.unroll(UNROLL):
-                        i = _lin(variant, it, u, tx)
-                        cl[u] = 0
-                        if i < ne:
-                            if take_all != 0:
-                                cl[u] = 1
-                            elif kb[u] > hi:
-                                cl[u] = 1
-                            elif kb[u] >= lo:
-                                cl[u] = TIE
-                        dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
-                        tm = T.Cast("uint32", T.ballot_sync(cl[u] == TIE))
-                        inl[u] = (T.Cast("int32", T.popcount(dm & lt))
-                                  + T.Cast("int32", T.popcount(tm & lt)) * TIE)
-                        if lane == 0:
-                            # one barrier per tile: s_scan is double-buffered across tiles
-                            s_scan[it % 2, u, warp] = (T.Cast("int32", T.popcount(dm))
-                                                       + T.Cast("int32", T.popcount(tm)) * TIE)
-                    T.sync_threads()
-                    for u in T.unroll(UNROLL):
-                        i = _lin(variant, it, u, tx)
-                        wtot = s_scan[it % 2, u, lane]
-                        tmp = T.if_then_else(lane < warp, wtot, 0)
-                        for o in (16, 8, 4, 2, 1):
-                            tmp = tmp + T.shfl_xor(tmp, o)
-                            wtot = wtot + T.shfl_xor(wtot, o)
-                        wpre = tmp + inl[u]  # packed counts of all lanes before mine in this sub-chunk
-                        d_before = run_def + (wpre & 0xFFFF)
-                        t_before = run_tie + (wpre >> 16)
-                        if T.Or(cl[u] == 1, T.And(cl[u] == TIE, t_before < kk)):
-                            pos = d_before + T.min(t_before, kk)
-                            if pos < k:
-                                oi = i  # row index of this entry (a var: reassigned below)
-                                if use_cand:
-                                    if src == 2:
-                                        oi = s_ci[i]
-                                j = T.Cast("int64", oi)
-                                if mode == "slots":
-                                    if cand_bs > 0:
-                                        blk = cand[row, T.min(oi // cand_bs, nc - 1)]
-                                        j = T.if_then_else(
-                                            T.Or(blk < 0, oi // cand_bs >= nc), T.int64(-1),
-                                            T.Cast("int64", blk) * cand_bs + oi % cand_bs)
-                                    if j >= 0:
-                                        tb = table[row, T.Cast("int32", T.min(j // block_c, mb - 1))]
-                                        j = T.if_then_else(
-                                            T.Or(tb < 0, j // block_c >= mb), T.int64(-1),
-                                            T.Cast("int64", tb) * block_c + j % block_c)
-                                elif with_offset:
-                                    j = j + T.Cast("int64", offset[row])
-                                indices[row, pos] = T.Cast(idx_dtype, j)
-                                if with_values:
-                                    values[row, pos] = scores[base + oi]
-                        run_def = run_def + (wtot & 0xFFFF)
-                        run_tie = run_tie + (wtot >> 16)
-                else:
-                    wsum = 0
-                    for u in T.unroll(UNROLL):
-                        i = _lin(variant, it, u, tx)
-                        cv = 0
-                        if i < ne:
-                            if take_all != 0:
-                                cv = 1
-                            elif kb[u] > hi:
-                                cv = 1
-                            elif kb[u] >= lo:
-                                cv = TIE
-                        dm = T.Cast("uint32", T.ballot_sync(cv == 1))
-                        tm = T.Cast("uint32", T.ballot_sync(cv == TIE))
-                        # packed counts of the lower lanes (< 2^25) + the class in bits 28 (taken) and
-                        # 29 (tie): no cl[] array, fewer registers while the next tile is in flight
-                        inl[u] = (wsum + T.Cast("int32", T.popcount(dm & lt))
-                                  + T.Cast("int32", T.popcount(tm & lt)) * TIE
-                                  + T.if_then_else(cv == 1, CLS_TAKE, 0)
-                                  + T.if_then_else(cv == TIE, CLS_TIE, 0))
-                        wsum = wsum + T.Cast("int32", T.popcount(dm)) + T.Cast("int32", T.popcount(tm)) * TIE
+                for u in T.unroll(UNROLL):
+                    i = _lin(it, u, tx)
+                    cl[u] = 0
+                    if i < ne:
+                        if take_all != 0:
+                            cl[u] = 1
+                        elif kb[u] > hi:
+                            cl[u] = 1
+                        elif kb[u] >= lo:
+                            cl[u] = TIE
+                    dm = T.Cast("uint32", T.ballot_sync(cl[u] == 1))
+                    tm = T.Cast("uint32", T.ballot_sync(cl[u] == TIE))
+                    inl[u] = (T.Cast("int32", T.popcount(dm & lt))
+                              + T.Cast("int32", T.popcount(tm & lt)) * TIE)
                     if lane == 0:
-                        s_scan[it % 2, 0, warp] = wsum  # packed counts of the warp's UNROLL * 32 lanes
-                    T.sync_threads()
-                    wtot = s_scan[it % 2, 0, lane]
+                        # one barrier per tile: s_scan is double-buffered across tiles
+                        s_scan[it % 2, u, warp] = (T.Cast("int32", T.popcount(dm))
+                                                   + T.Cast("int32", T.popcount(tm)) * TIE)
+                T.sync_threads()
+                for u in T.unroll(UNROLL):
+                    i = _lin(it, u, tx)
+                    wtot = s_scan[it % 2, u, lane]
                     tmp = T.if_then_else(lane < warp, wtot, 0)
                     for o in (16, 8, 4, 2, 1):
                         tmp = tmp + T.shfl_xor(tmp, o)
                         wtot = wtot + T.shfl_xor(wtot, o)
-                    for u in T.unroll(UNROLL):
-                        i = _lin(variant, it, u, tx)
-                        wpre = tmp + (inl[u] & CNT_MASK)  # packed counts of all lanes before mine in the tile
-                        d_before = run_def + (wpre & 0xFFFF)
-                        t_before = run_tie + (wpre >> 16)
-                        if T.Or((inl[u] & CLS_TAKE) != 0, T.And((inl[u] & CLS_TIE) != 0, t_before < kk)):
-                            pos = d_before + T.min(t_before, kk)
-                            if pos < k:
-                                oi = i  # row index of this entry (a var: reassigned below)
-                                if use_cand:
-                                    if src == 2:
-                                        oi = s_ci[i]
-                                j = T.Cast("int64", oi)
-                                if mode == "slots":
-                                    if cand_bs > 0:
-                                        blk = cand[row, T.min(oi // cand_bs, nc - 1)]
-                                        j = T.if_then_else(
-                                            T.Or(blk < 0, oi // cand_bs >= nc), T.int64(-1),
-                                            T.Cast("int64", blk) * cand_bs + oi % cand_bs)
-                                    if j >= 0:
-                                        tb = table[row, T.Cast("int32", T.min(j // block_c, mb - 1))]
-                                        j = T.if_then_else(
-                                            T.Or(tb < 0, j // block_c >= mb), T.int64(-1),
-                                            T.Cast("int64", tb) * block_c + j % block_c)
-                                elif with_offset:
-                                    j = j + T.Cast("int64", offset[row])
-                                indices[row, pos] = T.Cast(idx_dtype, j)
-                                if with_values:
-                                    values[row, pos] = scores[base + oi]
+                    wpre = tmp + inl[u]  # packed counts of all lanes before mine in this sub-chunk
+                    d_before = run_def + (wpre & 0xFFFF)
+                    t_before = run_tie + (wpre >> 16)
+                    if T.Or(cl[u] == 1, T.And(cl[u] == TIE, t_before < kk)):
+                        pos = d_before + T.min(t_before, kk)
+                        if pos < k:
+                            oi = i  # row index of this entry (a var: reassigned below)
+                            if use_cand:
+                                if src == 2:
+                                    oi = s_ci[i]
+                            j = T.Cast("int64", oi)
+                            if mode == "slots":
+                                if cand_bs > 0:
+                                    blk = cand[row, T.min(oi // cand_bs, nc - 1)]
+                                    j = T.if_then_else(
+                                        T.Or(blk < 0, oi // cand_bs >= nc), T.int64(-1),
+                                        T.Cast("int64", blk) * cand_bs + oi % cand_bs)
+                                if j >= 0:
+                                    tb = table[row, T.Cast("int32", T.min(j // block_c, mb - 1))]
+                                    j = T.if_then_else(
+                                        T.Or(tb < 0, j // block_c >= mb), T.int64(-1),
+                                        T.Cast("int64", tb) * block_c + j % block_c)
+                            elif with_offset:
+                                j = j + T.Cast("int64", offset[row])
+                            indices[row, pos] = T.Cast(idx_dtype, j)
+                            if with_values:
+                                values[row, pos] = scores[base + oi]
                     run_def = run_def + (wtot & 0xFFFF)
                     run_tie = run_tie + (wtot >> 16)
 
@@ -793,8 +529,14 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 
 # ----------------------------------------------------------------------------------------------------
 # Variant "v3": its own factory (safe-memory legalization off: every global index is bounded by the
-# clamped `end` or by k), same contract and key as v1 / v2. What changes (see the module docstring):
-# unordered candidate compaction (one shared counter, warp-aggregated adds, no block scans or
+# clamped `end` or by k), same contract and key as v1. Cheaper on-chip work than v1: a warp whose lanes
+# all hit one bin adds 32 once, else every lane adds 1 (no match_any_sync); a warp owns UNROLL * 32
+# consecutive entries of a tile (`_lin_warp`; still one coalesced 128 B load per instruction), so an
+# ordered scan needs one count per warp and one cross-warp scan per tile instead of one per strip; row
+# reads are software-pipelined (tile it + 1 in flight while tile it is processed); the lane class rides
+# in the rank register (no spills); the sample is 256 runs of 32 spread evenly over the row (sorted or
+# otherwise structured rows also get a useful bound). What changes in the algorithm (see the module
+# docstring): unordered candidate compaction (one shared counter, warp-aggregated adds, no block scans or
 # barriers per tile), [lo, hi] taken straight from the candidates' [min, max] (all-equal / few-distinct
 # rows finish without a radix pass), a final rank by index over the short list through index bitmaps,
 # an early exit of the ordered pass over the row, and no row cache. Rows of one tile (e <= TILE) keep
@@ -804,7 +546,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # max / sums of packed counts) are single REDUX instructions.
 V3_BMW = 2048  # bitmap words per class (taken / tie): ranks are computed over windows of 65536 indices
 V3_ROUNDS = PASSES + 2  # first compaction, <= 3 radix passes, at most one fallback compaction
-V3_BITS = 12  # radix digit of v3's passes (v1 / v2: RADIX_BITS); 2^32 -> 2^20 -> 2^8 -> 1 keys
+V3_BITS = 12  # radix digit of v3's passes (v1: RADIX_BITS); 2^32 -> 2^20 -> 2^8 -> 1 keys
 V3_NB = 1 << V3_BITS
 V3_BPT = V3_NB // THREADS  # histogram bins per thread in the clear and the scan
 
@@ -985,7 +727,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 # key, past the end); the radix passes and the ordered pass run on them, so there is
                 # no candidate list, no bitmap rank and no second read.
                 for u in T.unroll(UNROLL):
-                    i = _lin("v2", 0, u, tx)
+                    i = _lin_warp(0, u, tx)
                     kb[u] = T.if_then_else(i < e, _key(raw(scores, base + i)), ZERO)
                 kmin = KEY_MAX
                 kmax = ZERO
@@ -1081,7 +823,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     tf = T.reinterpret(wd, "float32")
                     T.sync_threads()
                     for u in T.unroll(UNROLL):
-                        i = _lin("v2", 0, u, tx)
+                        i = _lin_warp(0, u, tx)
                         kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
                     for it in T.serial(T.ceildiv(e, TILE)):
                         for u in T.unroll(UNROLL):
@@ -1089,10 +831,10 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         # full tiles (all but the last) need no bounds checks: uniform branches
                         if (it + 2) * TILE <= e:
                             for u in T.unroll(UNROLL):
-                                kn[u] = raw(scores, base + _lin("v2", it + 1, u, tx))
+                                kn[u] = raw(scores, base + _lin_warp(it + 1, u, tx))
                         else:
                             for u in T.unroll(UNROLL):
-                                i = _lin("v2", it + 1, u, tx)
+                                i = _lin_warp(it + 1, u, tx)
                                 kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
                         wsum = 0
                         if (it + 1) * TILE <= e:
@@ -1102,7 +844,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                 wsum = wsum + T.Cast("int32", T.popcount(T.Cast("uint32", inl[u])))
                         else:
                             for u in T.unroll(UNROLL):
-                                i = _lin("v2", it, u, tx)
+                                i = _lin_warp(it, u, tx)
                                 xf = T.reinterpret(kb[u], "float32")
                                 inl[u] = T.ballot_sync(T.And(i < e, T.Or(xf >= tf, T.isnan(xf))))
                                 wsum = wsum + T.Cast("int32", T.popcount(T.Cast("uint32", inl[u])))
@@ -1122,7 +864,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                         pos = slot + T.Cast("int32", T.popcount(dm & lt))
                                         if pos < cap:
                                             s_ck[pos] = kx
-                                            s_ci[pos] = _lin("v2", it, u, tx)
+                                            s_ci[pos] = _lin_warp(it, u, tx)
                                     slot = slot + T.Cast("int32", T.popcount(dm))
                     kmin = _warp_min(kmin)
                     kmax = _warp_max(kmax)
@@ -1159,23 +901,23 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     T.sync_threads()
                     if src == 0:
                         for u in T.unroll(UNROLL):
-                            i = _lin("v2", 0, u, tx)
+                            i = _lin_warp(0, u, tx)
                             kn[u] = T.if_then_else(i < ne, raw(scores, base + i), ZERO)
                     for it in T.serial(T.ceildiv(ne, TILE)):
                         for u in T.unroll(UNROLL):
-                            i = _lin("v2", it, u, tx)
+                            i = _lin_warp(it, u, tx)
                             if src == 2:
                                 kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
                             elif src == 0:
                                 kb[u] = kn[u]
                         if src == 0:
                             for u in T.unroll(UNROLL):
-                                i = _lin("v2", it + 1, u, tx)
+                                i = _lin_warp(it + 1, u, tx)
                                 kn[u] = T.if_then_else(i < ne, raw(scores, base + i), ZERO)
                             for u in T.unroll(UNROLL):
                                 kb[u] = _key(kb[u])
                         for u in T.unroll(UNROLL):
-                            i = _lin("v2", it, u, tx)
+                            i = _lin_warp(it, u, tx)
                             bv = NO_BIN
                             if i < ne:
                                 if T.And(kb[u] >= lo, kb[u] <= hi):
@@ -1304,7 +1046,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     run_tie = 0
                     if src == 0:
                         for u in T.unroll(UNROLL):
-                            i = _lin("v2", 0, u, tx)
+                            i = _lin_warp(0, u, tx)
                             kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
                     for it in T.serial(T.ceildiv(e, TILE)):
                         if T.Or(run_def < k - kk, run_tie < kk):
@@ -1312,13 +1054,13 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                 for u in T.unroll(UNROLL):
                                     kb[u] = kn[u]
                                 for u in T.unroll(UNROLL):
-                                    i = _lin("v2", it + 1, u, tx)
+                                    i = _lin_warp(it + 1, u, tx)
                                     kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
                                 for u in T.unroll(UNROLL):
                                     kb[u] = _key(kb[u])
                             wsum = 0
                             for u in T.unroll(UNROLL):
-                                i = _lin("v2", it, u, tx)
+                                i = _lin_warp(it, u, tx)
                                 kx = kb[u]
                                 cv = 0
                                 if i < e:
@@ -1344,7 +1086,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             tmp = _warp_sum(tmp)
                             wtot = _warp_sum(wtot)
                             for u in T.unroll(UNROLL):
-                                i = _lin("v2", it, u, tx)
+                                i = _lin_warp(it, u, tx)
                                 wpre = tmp + (inl[u] & CNT_MASK)
                                 d_before = run_def + (wpre & 0xFFFF)
                                 t_before = run_tie + (wpre >> 16)

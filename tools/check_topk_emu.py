@@ -4,10 +4,11 @@ thread, random scheduling at barriers / warp intrinsics) through the real wrappe
 with the vectorized twin (tested equal to the loop reference). Sets: small (row-cache tiers), mid (32768
 tier, rows > 2 * TILE), long (uncached rows), big (128K-1M rows), misc (options, offsets, strides,
 fused slots), bmax (block max, NaN payloads), adv (estimate too high / too low, candidates beyond the
-capacity, 50-way ties, k = 1, k = row). v3 is the variant with its own factory (topk_kernel_v3). `--mutate "old=>new"` patches the generated source once
-(to check that a broken kernel is caught).
+capacity, 50-way ties, k = 1, k = row). Every variant in tilelang_ops.topk.VARIANTS runs (v1, and v3 with
+its own factory topk_kernel_v3); `--variant v3` (or a comma list) picks some. `--mutate "old=>new"` patches
+the generated source once (to check that a broken kernel is caught).
 
-    PYTHONPATH=. .venv/bin/python tools/check_topk_emu.py [--variant v2] [--seeds 0,1] [--mutate S] [set ...]
+    PYTHONPATH=. .venv/bin/python tools/check_topk_emu.py [--variant v1,v3] [--seeds 0,1] [--mutate S] [set ...]
 """
 import argparse
 import os
@@ -115,7 +116,7 @@ SETS = {
         GpuCase("special", 2, 200000, 3000, "random", "bf16"), GpuCase("randn", 6, 2048, 64, "random"),
         GpuCase("randn", 2, 4097, 4096, "random"), GpuCase("few", 16, 100, 8, "random", mode="sorted_index"),
     ],
-    "mid": [  # 32768 row-cache tier, rows > 2 * TILE: v2 samples and compacts candidates there too
+    "mid": [  # 32768 tier, rows > 2 * TILE: v1 caches the row, v3 samples and compacts candidates
         GpuCase("randn", 3, 32768, 2048, "random"), GpuCase("conc", 2, 20000, 2048),
         GpuCase("few", 2, 32768, 2048), GpuCase("equal", 1, 32768, 2048, "random"),
         GpuCase("sorted", 2, 32768, 2048), GpuCase("ascending", 1, 30000, 4096, mode="sorted"),
@@ -234,30 +235,37 @@ def bmax():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("sets", nargs="*", default=["small", "mid", "long", "misc", "bmax"])
-    ap.add_argument("--variant", default=tk.TOPK_VARIANT)
+    ap.add_argument("--variant", default=",".join(tk.VARIANTS), help="comma-separated variants")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--mutate", default=None)
     a = ap.parse_args()
     if a.mutate:
         os.environ["EMU_MUTATE"] = a.mutate
     seeds = [int(s) for s in a.seeds.split(",")]
+    variants = a.variant.split(",")
+    unknown = [v for v in variants if v not in tk.VARIANTS]
+    if unknown:
+        ap.error(f"unknown variant(s) {unknown}; choose from {tk.VARIANTS}")
     bad = 0
-    for which in a.sets:
-        for seed in seeds:
-            if which in ("misc", "bmax"):
-                t = time.time()
-                res = misc(a.variant, seed) if which == "misc" else bmax()
-                fails = [c.message() for c in res if not c.passed]
-                bad += len(fails)
-                print(f"{a.variant} {which} seed{seed}: {'OK' if not fails else 'FAIL'} {time.time() - t:.1f}s {fails}", flush=True)
-                continue
-            for case in SETS[which]:
-                t = time.time()
-                c1, c2 = run_case(case, a.variant, seed)
-                ok = c1.passed and c2.passed
-                bad += not ok
-                msg = "" if ok else " ".join(c.message() for c in (c1, c2) if not c.passed)
-                print(f"{a.variant} {case.id} seed{seed}: {'OK' if ok else 'FAIL'} {time.time() - t:.1f}s {msg}", flush=True)
+    for variant in variants:
+        for which in a.sets:
+            for seed in seeds:
+                if which == "bmax" and variant != variants[0]:
+                    continue  # block max has no variants
+                if which in ("misc", "bmax"):
+                    t = time.time()
+                    res = misc(variant, seed) if which == "misc" else bmax()
+                    fails = [c.message() for c in res if not c.passed]
+                    bad += len(fails)
+                    print(f"{variant} {which} seed{seed}: {'OK' if not fails else 'FAIL'} {time.time() - t:.1f}s {fails}", flush=True)
+                    continue
+                for case in SETS[which]:
+                    t = time.time()
+                    c1, c2 = run_case(case, variant, seed)
+                    ok = c1.passed and c2.passed
+                    bad += not ok
+                    msg = "" if ok else " ".join(c.message() for c in (c1, c2) if not c.passed)
+                    print(f"{variant} {case.id} seed{seed}: {'OK' if ok else 'FAIL'} {time.time() - t:.1f}s {msg}", flush=True)
     print("FAILURES", bad)
     return 1 if bad else 0
 
