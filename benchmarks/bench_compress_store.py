@@ -1,6 +1,6 @@
-"""compress_store: the fused kernel (default variant) vs its other variants (peers ``v1``, ``v2``, ``v3``:
-same bytes, other launch layouts), our two-kernel pipeline (compress kernel, then store kernel) and the twin
-composition (torch eager and torch.compile).
+"""compress_store: the fused kernel (default variant: prefill v2, decode v3) vs v1 (peer ``v1``: same
+bytes, the first, GPU-verified launch layout), our two-kernel pipeline (compress kernel, then store
+kernel) and the twin composition (torch eager and torch.compile).
 
 Bytes (what a perfect fused kernel must move): projected_kv read + ring entries read (groups that
 began before the step) + ring entries written + cache rows written (stored rows x fmt.row_bytes) +
@@ -33,15 +33,14 @@ PREFILL_CASES = {"tokens1048576_fp8": (256, FP8_MAIN_KV_FORMAT, False),
                  "tokens65536_fp4": (16, FP4_MAIN_KV_FORMAT, False)}
 DECODE_CASES = {"b1q1_fp8": (1, 1), "b64q6_fp8": (64, 6), "b4096q6_fp8": (4096, 6)}
 TINY_TOKENS = 512  # at or below this many query tokens, time CUDA-graph replays (launch-bound)
-# COMPRESS_STORE_SWEEP=1 also times other launch shapes of the v2 kernel (tuning data, not reported as
-# BENCH lines): prefill (rows per warp, warps per CTA, min CTAs per SM) on 1M FP8 tokens, decode warps
-# on b4096q6. New compilations ~9 s each on the GPU machine (none when
-# tools/warm_compress_store_kernels.py ran first): (16, 4, 3) / 4 warps are the defaults, (6 / 8 / 12, 4, 3)
-# and (4, 4, 3) (the shape of the smaller prefill launches) the pipeline depth around it (one prologue
-# per warp against fewer, longer-lived warps); (8, 4, 2) lifts the register cap (168 -> ~212, 8 warps
-# per SM instead of 12); (8, 2, 6) keeps 12 warps per SM in CTAs of half the size (a shorter tail wave).
+# COMPRESS_STORE_SWEEP=1 also times other launch shapes of the v2 prefill kernel (tuning data, not reported
+# as BENCH lines): (rows per warp, warps per CTA, min CTAs per SM) on 1M FP8 tokens. New compilations ~9 s
+# each on the GPU machine (none when tools/warm_compress_store_kernels.py ran first): (16, 4, 3) is the
+# default, (6 / 8 / 12, 4, 3) and (4, 4, 3) (the shape of the smaller prefill launches) the pipeline
+# depth around it (one prologue per warp against fewer, longer-lived warps); (8, 4, 2) lifts the register
+# cap (168 -> ~212, 8 warps per SM instead of 12); (8, 2, 6) keeps 12 warps per SM in CTAs of half the
+# size (a shorter tail wave).
 PREFILL_SHAPES = V2_PREFILL_SHAPES
-DECODE_SHAPES = [4, 2]
 
 
 def _inputs(seqs, prefill, fmt):
@@ -105,14 +104,14 @@ def _decode(batch, q, fmt):
 
 
 def _case(h, case, op, args, kw, nbytes, fused, two_kernel, twin, compiled, tiny):
-    """One BENCH line: ``fused`` (the ``op`` wrapper, "prefill" / "decode") at its default variant, its
-    other variants, the two-kernel pipeline and the twin (eager, compiled) as peers."""
+    """One BENCH line: ``fused`` (the ``op`` wrapper, "prefill" / "decode") at its default variant; the
+    operation's other variant (v1), the two-kernel pipeline and the twin (eager, compiled) as peers."""
     from tilelang_ops.compress_store import VARIANT, VARIANTS
 
     timer = time_graph_us if tiny else time_us
     us = timer(lambda: fused(*args, **kw))
     peers = {"two_kernel": time_peer("two_kernel", lambda: two_kernel(*args, **kw), timer)}
-    for v in VARIANTS:  # the other variants (same bytes) as peers
+    for v in VARIANTS[op]:  # the other variant (same bytes) as a peer
         if v != VARIANT[op]:
             other = functools.partial(fused, variant=v)
             peers[v] = time_peer(v, lambda other=other: other(*args, **kw), timer)
@@ -153,23 +152,16 @@ def run(h: Harness) -> None:
 
 
 def sweep() -> None:
-    """Launch-shape sweep of the v2 kernel (COMPRESS_STORE_SWEEP=1)."""
+    """Launch-shape sweep of the v2 prefill kernel (COMPRESS_STORE_SWEEP=1)."""
     import tilelang_ops.compress_store as cs
 
     args, kw, nbytes = _prefill(256, FP8_MAIN_KV_FORMAT, norm=False)
-    saved = cs.V2_ROWS_PER_WARP, cs.V2_WARPS, cs.V2_MIN_CTAS_PER_SM, cs.V2_DECODE_WARPS
+    saved = cs.V2_ROWS_PER_WARP, cs.V2_WARPS, cs.V2_MIN_CTAS_PER_SM
     try:
         for rpw, warps, min_ctas in PREFILL_SHAPES:
             cs.V2_ROWS_PER_WARP, cs.V2_WARPS, cs.V2_MIN_CTAS_PER_SM = rpw, warps, min_ctas
             us = time_us(lambda: cs.compress_store_prefill(*args, **kw, variant="v2"))
             print(f"SWEEP {OP} tokens1048576_fp8 rows_per_warp={rpw} warps={warps} min_ctas={min_ctas} "
                   f"us={us:.1f} GBps={nbytes / us / 1e3:.0f}")
-        del args, kw
-        torch.cuda.empty_cache()
-        args, kw, nbytes = _decode(4096, 6, FP8_MAIN_KV_FORMAT)
-        for warps in DECODE_SHAPES:
-            cs.V2_DECODE_WARPS = warps
-            us = time_us(lambda: cs.compress_store_decode(*args, **kw, variant="v2"))
-            print(f"SWEEP {OP} b4096q6_fp8 warps={warps} us={us:.1f} GBps={nbytes / us / 1e3:.0f}")
     finally:
-        cs.V2_ROWS_PER_WARP, cs.V2_WARPS, cs.V2_MIN_CTAS_PER_SM, cs.V2_DECODE_WARPS = saved
+        cs.V2_ROWS_PER_WARP, cs.V2_WARPS, cs.V2_MIN_CTAS_PER_SM = saved

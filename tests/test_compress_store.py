@@ -35,7 +35,7 @@ from reference.compress_store import (
 )
 from reference.kv_store import apply_rope_ref, norm_rope_hadamard_cast_store_ref
 from tests.conftest import case_id, requires_cuda
-from tilelang_ops.compress_store import V2_PREFILL_SHAPES
+from tilelang_ops.compress_store import V2_PREFILL_SHAPES, VARIANTS
 from tilelang_ops.testing import compare_bitwise
 
 SENTINEL = 0xA5
@@ -475,35 +475,54 @@ def test_kernel_wrappers_check_before_launch():
     assert torch.equal(args[1], before)
 
 
+def test_kernel_variants_per_operation():
+    """Prefill has v1 / v2, decode v1 / v3 (the other two were removed): a variant the operation does not
+    have is a ValueError naming the allowed ones, raised before the CUDA check (so on CPU here)."""
+    from tilelang_ops.compress_store import VARIANT, _variant, compress_store_decode, compress_store_prefill
+
+    assert VARIANTS == {"prefill": ("v1", "v2"), "decode": ("v1", "v3")}
+    for op, names in VARIANTS.items():
+        assert VARIANT[op] in names and _variant(None, op) == VARIANT[op]
+        assert [_variant(v, op) for v in names] == list(names)
+    fns = (compress_store_prefill, compress_store_decode)
+    fn, args, kw = _bad_call("num_rows_mismatch", fns)
+    kw["num_rows"] -= 1  # a valid prefill call
+    for bad in ("v3", "v4"):
+        with pytest.raises(ValueError, match=r"prefill: variant must be one of \('v1', 'v2'\)"):
+            fn(*args, **kw, variant=bad)
+    with pytest.raises(ValueError, match="CUDA"):  # v1 gets past the variant check
+        fn(*args, **kw, variant="v1")
+    fn, args, kw = _bad_call("decode_tokens_not_adjacent", fns)
+    args[2], args[3] = args[2].flip(0).contiguous(), args[3].flip(0).contiguous()  # adjacent again
+    with pytest.raises(ValueError, match=r"decode: variant must be one of \('v1', 'v3'\)"):
+        fn(*args, **kw, variant="v2")
+    with pytest.raises(ValueError, match="CUDA"):
+        fn(*args, **kw, variant="v3")
+
+
 @pytest.mark.build
 @pytest.mark.parametrize("fmt_name", list(FORMATS))
 def test_kernels_build_for_sm90(fmt_name):
-    """Every variant's prefill and decode for FP8; v2 and v3 prefill for FP4, v2 decode (early-weight
-    form) and v3 decode for BF16 (the format code is the shared store macro, so one kernel per format
-    covers it; ~4 s per kernel)."""
+    """Every variant's prefill and decode for FP8; v2 prefill for FP4, v3 decode for BF16 (the format code
+    is the shared store macro, so one kernel per format covers it; ~4 s per kernel)."""
     from tilelang_ops.build import compile_for_sm90
     from tilelang_ops.compress_store import (
         compress_store_decode_kernel,
-        compress_store_decode_kernel_v2,
         compress_store_decode_kernel_v3,
         compress_store_prefill_kernel,
         compress_store_prefill_kernel_v2,
-        compress_store_prefill_kernel_v3,
     )
 
-    factories = {"fp8_main": [compress_store_prefill_kernel_v2, compress_store_decode_kernel_v2,
-                              compress_store_prefill_kernel_v3, compress_store_decode_kernel_v3],
-                 "fp4_main": [compress_store_prefill_kernel_v2, compress_store_prefill_kernel_v3],
-                 "bf16": [compress_store_decode_kernel_v2, compress_store_decode_kernel_v3]}[fmt_name]
+    factories = {"fp8_main": [compress_store_prefill_kernel_v2, compress_store_decode_kernel_v3],
+                 "fp4_main": [compress_store_prefill_kernel_v2],
+                 "bf16": [compress_store_decode_kernel_v3]}[fmt_name]
     if fmt_name == "fp8_main":
         from tilelang_ops.compress_store import expf_probe_kernel
 
         factories += [compress_store_prefill_kernel, compress_store_decode_kernel]
         assert "expf(" in compile_for_sm90(expf_probe_kernel).get_kernel_source()  # the GPU expf test's probe
     for factory in factories:
-        # BF16: the decode kernel's small-launch form (weight loaded with the first trip)
-        extra = (4, True) if fmt_name == "bf16" and factory is compress_store_decode_kernel_v2 else ()
-        src = compile_for_sm90(factory, fmt_name, 2, 64, True, True, "bfloat16", "int32", "int64", *extra) \
+        src = compile_for_sm90(factory, fmt_name, 2, 64, True, True, "bfloat16", "int32", "int64") \
             .get_kernel_source()
         assert "float4" in src, "inputs and ring must move as 16 B vectors"
         assert "expf(" in src and "__expf" not in src, "accurate expf (torch's and the compress kernel's)"
@@ -512,8 +531,7 @@ def test_kernels_build_for_sm90(fmt_name):
         bf16_params = set(re.findall(r"bfloat16_t\* __restrict__ (\w+)", src))
         assert bf16_params == {"out_norm", "weight"}, "the compressed row must not go through global memory"
         assert "out_norm +" in src
-        if factory in (compress_store_prefill_kernel_v2, compress_store_decode_kernel_v2,
-                       compress_store_prefill_kernel_v3, compress_store_decode_kernel_v3):
+        if factory in (compress_store_prefill_kernel_v2, compress_store_decode_kernel_v3):
             # ring entries: one 32-bit modulo each, never a 64-bit one per vector access
             assert "% ((int64_t)ring)" not in src and "% ring)" in src
 
@@ -533,13 +551,15 @@ def _sync():
 
 
 def _fused(variant=None):
-    """The fused wrappers, pinned to ``variant`` (None: the module's defaults, ``VARIANT``)."""
+    """The fused wrappers, pinned to ``variant`` (None: the module's defaults, ``VARIANT``): a name for
+    both operations (only the operation that has it may be called) or a (prefill, decode) pair."""
     from tilelang_ops.compress_store import compress_store_decode, compress_store_prefill
 
     if variant is None:
         return compress_store_prefill, compress_store_decode
-    return (functools.partial(compress_store_prefill, variant=variant),
-            functools.partial(compress_store_decode, variant=variant))
+    pv, dv = (variant, variant) if isinstance(variant, str) else variant
+    return (functools.partial(compress_store_prefill, variant=pv),
+            functools.partial(compress_store_decode, variant=dv))
 
 
 def _two_kernel():
@@ -688,18 +708,22 @@ def test_gpu_kernel_expf_is_torch_exp():
     assert mismatches == 0, f"{mismatches} arguments differ; first (d, expf, torch.exp): {first}"
 
 
-# Each variant on its own (a failure names the variant: the lead flips ``VARIANT`` to another one if
-# only one fails). Prefill with ring reads, straddling groups, nc = 0 chunks, long chunks, request
-# boundaries inside a warp's rows, int64 metadata; decode q1 / q6 at the minimum ring.
+# Each variant of the case's operation on its own (prefill v1 / v2, decode v1 / v3; a failure names the
+# variant: the lead flips ``VARIANT`` back to v1 if only the default fails). Prefill with ring reads,
+# straddling groups, nc = 0 chunks, long chunks, request boundaries inside a warp's rows, int64
+# metadata; decode q1 / q6 at the minimum ring.
 VARIANT_CASE_IDS = ("p_fp8_b7_len9_min_ring", "p_fp4_b64_len300_half_w32_i64",
                     "p_fp4_b1000_len3_odd_min_ring", "p_fp8_b4_len8192_min_ring_odd",
                     "p_bf16_b16_len4096_no_norm", "d_fp8_b1_q1", "d_fp8_b64_q6_min_ring",
                     "d_bf16_b33_q3_half", "d_fp4_b4096_q1_w32_no_norm")
 
 
+VARIANT_PARAMS = [pytest.param(c, v, id=f"{c.id}-{v}") for c in GPU_CASES if c.id in VARIANT_CASE_IDS
+                  for v in VARIANTS["prefill" if c.prefill else "decode"]]
+
+
 @requires_cuda
-@pytest.mark.parametrize("variant", ["v1", "v2", "v3"])
-@pytest.mark.parametrize("case", [c for c in GPU_CASES if c.id in VARIANT_CASE_IDS], ids=case_id)
+@pytest.mark.parametrize("case, variant", VARIANT_PARAMS)
 def test_gpu_each_variant_exact(case, variant):
     _check_gpu_case(case, variant)
 
@@ -727,22 +751,21 @@ def test_gpu_prefill_v2_launch_shapes(shape, monkeypatch):
 def test_gpu_variants_agree_on_1m_tokens():
     """The benchmark's biggest prefill input (256 requests x 4096 tokens at odd starts, built on the
     GPU by the benchmark's own builder; V2_ROWS_PER_WARP rows per warp in v2), with out_norm: v2 == v1
-    and v3 == v1 bitwise (ring, cache, out_norm). The references would take too long here; v1 is the
+    bitwise (ring, cache, out_norm). The references would take too long here; v1 is the
     GPU-verified baseline."""
     from benchmarks.bench_compress_store import _prefill
 
     args, kw, _ = _prefill(256, FP8_MAIN_KV_FORMAT, norm=True)
     outs = []
-    for variant in ("v1", "v2", "v3"):
+    for variant in ("v1", "v2"):
         a = list(args)
         a[1], a[13] = args[1].clone(), args[13].clone()  # ring, cache
         k = {**kw, "out_norm": torch.full_like(kw["out_norm"], 7.0)}
         _fused(variant)[0](*a, **k)
         outs.append((a[1], a[13], k["out_norm"]))
     _sync()
-    for variant, got in zip(("v2", "v3"), outs[1:]):
-        for what, a, b in zip(("ring", "cache", "out_norm"), got, outs[0]):
-            compare_bitwise(f"{what} {variant} vs v1", a, b).check()
+    for what, a, b in zip(("ring", "cache", "out_norm"), outs[1], outs[0]):
+        compare_bitwise(f"{what} v2 vs v1", a, b).check()
 
 
 @requires_cuda
@@ -756,19 +779,20 @@ def test_gpu_kernel_matches_pipeline_and_reference(case):
 @pytest.mark.parametrize("ring", [2, 7])
 def test_gpu_chunk_boundaries_at_every_offset(ring):
     """One sequence cut into chunks of 1..9 tokens (every start offset, nc = 0 chunks), then decode and
-    verification steps: the fused kernel (each variant), step by step, leaves the cache, ring and norm
-    rows of the whole-sequence prefill (oracle: twins on the GPU), bitwise."""
+    verification steps: the fused kernel (v1 throughout, then prefill v2 with decode v3), step by step,
+    leaves the cache, ring and norm rows of the whole-sequence prefill (oracle: twins on the GPU),
+    bitwise."""
     gen = torch.Generator().manual_seed(21)
     r, n = 2, 120
     p = make_params("fp8_main", max_position=n + 2, gen=gen).to(GPU)
     x = sequence(n, gen).to(GPU)
     whole = process_gpu([n], x, r, ring, p, TWIN)
     parts = [1 + i % 9 for i in range(18)]  # 1 + 2 + ... 9 twice = 90 tokens
-    for variant in ("v1", "v2", "v3"):
+    for variant in (("v1", "v1"), ("v2", "v3")):
         for step in sorted({1, ring - r + 1}):  # single tokens, and verification steps at the ring's capacity
             got = process_gpu(parts, x, r, ring, p, _fused(variant), decode_step=step)
             for what, a, b in zip(("cache", "ring", "out_norm"), got, whole):
-                compare_bitwise(f"{what} step={step} [{variant}]", a, b).check()
+                compare_bitwise(f"{what} step={step} [{'/'.join(variant)}]", a, b).check()
 
 
 def process_gpu(parts, x, r, ring, p, fns, decode_step=None):

@@ -5,9 +5,9 @@ is rounded to BF16 and stays in registers, then ``tilelang_ops.kv_store.make_row
 kernel's own per-row ``@T.macro``, imported, not copied) normalizes, rotates, casts and stores it. The
 compressed row never travels through global memory; the ring is updated in the same launch.
 
-Work split (v1 / v2; v3 under Variants): one warp per compressed row, lane ``l`` holding channels
-``16 l .. 16 l + 15`` (the store macro's layout), ``WARPS`` warps per CTA. Prefill warps take
-``PREFILL_ROWS_PER_WARP`` consecutive rows; a warp finds its first row's request with a 32-ary search
+Work split (v1, prefill v2; decode v3 under Variants): one warp per compressed row, lane ``l``
+holding channels ``16 l .. 16 l + 15`` (the store macro's layout), ``WARPS`` warps per CTA. Prefill warps
+take ``PREFILL_ROWS_PER_WARP`` consecutive rows; a warp finds its first row's request with a 32-ary search
 over ``cu_compressed`` (each step one load per lane and a warp sum, ``ceil(log32(num_reqs))`` steps) and
 then steps forward row by row (every request owns at least one row). Decode has one row per query token.
 
@@ -15,9 +15,7 @@ Ring ordering (same guarantees as the compress kernel, SPEC 1.2-1.3):
 * prefill: only a request's first row can read the ring (the group that began before the chunk). The
   warp computing that row writes the request's newest ``min(len, S)`` inputs to the ring right after
   reading, each lane writing exactly the channels it read, so program order alone puts every old
-  read before the chunk's writes, whatever the block schedule and however long the chunk. (v3: the
-  CTA holding a request's first row reads that row's ring entries in phase 1 and refreshes the ring
-  after its barrier.)
+  read before the chunk's writes, whatever the block schedule and however long the chunk.
 * decode: a group's in-step inputs are read from ``projected_kv`` (the neighbouring tokens of the
   same request: same slot, consecutive context lengths), older ones from the ring. The capacity rule
   ``S >= r + max_seqlen_q - 1`` (checked on the host) means no write of the step lands on an entry a
@@ -33,19 +31,18 @@ mean cannot be imported: it is written inline in its prim_func for another threa
 per thread, per-block metadata in shared memory); ``make_gated_mean`` is the same operation order
 for the store macro's layout (16 channels per lane).
 
-Variants (``VARIANT`` per operation, or ``variant=`` per call): "v3" (the decode default) splits a CTA's
-work into two layouts: its four rows' gated means with the compress kernel's layout (thread t: channels
-4t .. 4t+3, every row's loads issued at once) into shared memory, a barrier, then one warp per row runs
-the store macro. It needs no pipeline state (112-119 registers, 16 warps per SM against v2's 12), and
-CTAs in different phases overlap on an SM. Decode loads the CTA's tokens and the r - 1 before them in
-one trip, so in-step neighbours come from registers. Decode gains (b4096q6 90 -> 77 us, b64q6 5.2 -> 4.3
-us); prefill loses (1M FP8 tokens 1202 -> 1403 us: each CTA's barrier-separated phases leave its SM's
-memory pipe idle more than v2's per-warp pipeline does, probably; not profiled). "v2" (the prefill
-default) pipelines each warp's rows (row k's loads are in flight while row k-1 is normalized, cast and
-stored), computes one ``expf`` per channel for r = 2 (the other weight is expf(+0) = 1 exactly; non-
-finite scores fall back to v1's sequence; v3 uses the same macro), keeps ring entries in int32 and, in
-decode, loads the previous token's inputs speculatively with the token's own. "v1" is the first version,
-verified on the H200. All give the same bytes (CPU emulation of the generated CUDA,
+Variants (``VARIANTS[op]``; ``VARIANT`` per operation, or ``variant=`` per call): each operation keeps one
+fast kernel, its default, plus "v1", the first version, verified on the H200 and kept as the baseline.
+Prefill "v2" pipelines each warp's rows (row k's loads are in flight while row k-1 is normalized, cast
+and stored), computes one ``expf`` per channel for r = 2 (the other weight is expf(+0) = 1 exactly;
+non-finite scores fall back to v1's sequence) and keeps ring entries in int32. Decode "v3" splits a
+CTA's work into two layouts: its four tokens' gated means with the compress kernel's layout (thread t:
+channels 4t .. 4t+3; the CTA's tokens and the r - 1 before them loaded in one trip, so in-step
+neighbours come from registers) into shared memory, a barrier, then one warp per token runs the store
+macro; it needs no pipeline state (112-119 registers), so more warps share an SM. A v3 prefill (the
+same two layouts: 1M FP8 tokens 1182 -> 1404 us) and a v2 decode (per-warp, speculative neighbour
+loads: b4096q6 90.3 us against v3's 77.7) were removed after the H200 comparison (figures in
+bench_results/h200.txt). All give the same bytes (CPU emulation of the generated CUDA,
 tools/check_compress_store_emu.py; GPU tests of each variant).
 
 Metadata that is out of range (slots, tokens, requests) makes a row skip (no store, no out_norm, no
@@ -77,15 +74,13 @@ WARPS = 4  # prefill warps per CTA
 PREFILL_ROWS_PER_WARP = 4  # amortizes the request search over a few rows
 DECODE_WARPS = 4  # decode warps (query tokens) per CTA
 F4 = 4  # FP32 elements per 16-byte vector access
-# Launch path per operation. "v3" (decode default): a CTA's gated means in the compress kernel's layout (4
-# channels per thread) into shared memory, then one warp per row runs the store macro (see the v3
-# factories). "v2" (prefill default): software-pipelined rows per warp, one expf per channel for r = 2,
-# int32 ring entries, speculative in-step neighbour loads in decode. "v1": the first fused kernel,
-# verified bitwise against the two-kernel pipeline on the H200. All stay selectable so a GPU run compares
-# them (tests, benchmark peers) and the default can be flipped back.
-# On the H200 (us, v2 -> v3): prefill 1M FP8 tokens 1182 -> 1404, 64K 90.1 -> 93.3, 1M FP4 1241 -> 1402;
-# decode b1q1 2.0 -> 2.4, b64q6 5.4 -> 4.2, b4096q6 90.3 -> 77.7.
-VARIANTS = ("v1", "v2", "v3")
+# Launch paths per operation: one fast kernel each (the default) plus "v1", the first fused kernel, verified
+# bitwise against the two-kernel pipeline on the H200 and kept as the tests' and benchmark's baseline.
+# Prefill "v2": software-pipelined rows per warp, one expf per channel for r = 2, int32 ring entries.
+# Decode "v3": a CTA's gated means in the compress kernel's layout (4 channels per thread) into shared
+# memory, then one warp per token runs the store macro. A v3 prefill and a v2 decode kernel were removed
+# after the H200 comparison (v3 prefill slower, v2 decode slower at b64q6 / b4096q6; bench_results/h200.txt).
+VARIANTS = {"prefill": ("v1", "v2"), "decode": ("v1", "v3")}
 VARIANT = {"prefill": "v2", "decode": "v3"}
 V2_WARPS = 4  # v2 prefill warps per CTA
 V2_ROWS_PER_WARP = 16  # v2 prefill rows per warp (the pipeline's depth in time: one prologue per warp)
@@ -96,13 +91,11 @@ V2_MIN_CTAS_PER_SM = 3  # v2 prefill __launch_bounds__ minimum (<= 168 registers
 V2_PREFILL_SHAPES = [(8, 4, 3), (8, 2, 6), (12, 4, 3), (6, 4, 3), (4, 4, 3), (16, 4, 3), (8, 4, 2)]
 # Tried on the H200 and dropped: an L2 prefetch (prefetch.global.L2, one line per lane per token) of the
 # warp's row 1 / 2 ahead in stage B made 1M FP8 tokens slower, 1200 -> 1280 / 1370 us.
-V2_DECODE_WARPS = 4
-V3_ROWS = 4  # v3: rows (prefill) / query tokens (decode) per CTA, = warps
-V3_MIN_CTAS_PER_SM = 4  # v3 prefill __launch_bounds__ minimum
+V3_ROWS = 4  # v3 decode: query tokens per CTA, = warps
 V2_FAST = True  # the store macro's fast arithmetic (kv_store v3's: FFMA sum of squares, FMA e2m1), same bytes
-V2_EARLY_WEIGHT_MAX_TOKENS = 2048  # decode launches up to ~one wave of warps load the weight up front
-# Bounds are explicit in the v2 kernels (every index is checked or clamped before its access), so
-# TileLang's per-access guards, which also re-evaluate 64-bit ring modulos per vector, are off.
+# Bounds are explicit in the v2 prefill and v3 decode kernels (every index is checked or clamped before
+# its access), so TileLang's per-access guards, which also re-evaluate 64-bit ring modulos per vector,
+# are off.
 # The init check is off as well: it flags the pipeline's registers (read in stage A of iteration k,
 # written in stage B of iteration k - 1), a pattern it cannot follow.
 V2_PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_buffer_init_check": True}
@@ -595,304 +588,19 @@ def compress_store_prefill_kernel_v2(fmt_name: str, r: int, rope_dim: int, inter
 
 
 @tilelang.jit(pass_configs=V2_PASS_CONFIGS)
-def compress_store_decode_kernel_v2(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
-                                    has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
-                                    warps: int = V2_DECODE_WARPS, early_weight: bool = False,
-                                    fast: bool = V2_FAST):
-    """v2 of ``compress_store_decode_kernel``: same rows, same bits, fewer dependent memory trips.
-
-    ``early_weight`` (small launches, latency-bound): the norm weight is loaded with the first trip and
-    kept in registers instead of being loaded inside the store macro after the gated mean (one L2
-    round trip less on the critical path; 16 more registers, so large launches go without).
-
-    The r - 1 previous tokens' inputs are loaded speculatively with the token's own inputs and all
-    metadata (one trip): whenever they belong to the same request (a verification step), they are
-    the group's in-step inputs; only a group whose earlier inputs were written by an earlier step
-    (e.g. every single-token decode) goes back to memory for ring entries. int32 ring entries (one
-    modulo per entry), one expf per channel for r = 2, explicit bounds (no per-access guards).
-    ``fast``: the store macro's fast arithmetic, as in ``compress_store_prefill_kernel_v2``.
-    """
-    fmt = _FORMATS[fmt_name]
-    dim = fmt.dim
-    assert dim == WARP * VEC, dim
-    half = rope_dim // 2
-    row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype,
-                               weight_in_registers=early_weight, fast=fast, e2m1_fma=fast)
-    wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte weight loads
-    gated_mean = make_gated_mean_v2(r)
-    load_token, load_ring, store_ring = make_row_io(dim)
-    num_tokens, num_slots, ring, norm_rows, max_pos = T.dynamic(
-        "num_tokens, num_slots, ring, norm_rows, max_pos")
-    cache_bytes = T.dynamic("cache_bytes", "int64")
-
-    @T.prim_func
-    def kernel(
-        projected_kv: T.Tensor((num_tokens, 2 * dim), "float32"),  # [total_q, 2 * D] fp32
-        state: T.Tensor((num_slots, ring, 2, dim), "float32"),  # [num_state_slots, S, 2, D] fp32
-        ctx: T.Tensor((num_tokens,), "int32"),  # [total_q] int32, position + 1
-        sbi: T.Tensor((num_tokens,), "int32"),  # [total_q] int32, ring slot
-        weight: T.Tensor((dim,), weight_dtype),  # [D] bf16 or fp32
-        cos: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
-        sin: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
-        positions: T.Tensor((num_tokens,), pos_dtype),  # [total_q] int32/int64, j * r or 0
-        slots: T.Tensor((num_tokens,), slot_dtype),  # [total_q] int32/int64, < 0: skip
-        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
-        out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [total_q, D] bf16 (or [1, D] dummy)
-        eps: T.float32,
-    ):
-        with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as bx:
-            tx = T.get_thread_binding()
-            lane = tx % WARP
-            i = bx * warps + tx // WARP
-            sc = T.alloc_local([r, VEC], "float32")
-            lt = T.alloc_local([r, VEC], "float32")
-            x = T.alloc_local([VEC], "float32")
-            nctx = T.alloc_local([r], "int32")
-            nsbi = T.alloc_local([r], "int32")
-            posv = T.alloc_var("int64")
-            slotv = T.alloc_var("int64")
-            c = T.alloc_var("int32")
-            slot = T.alloc_var("int32")
-            ok = T.alloc_var("int32")
-            ent = T.alloc_var("int32")
-            wl = T.alloc_local([VEC], weight_dtype)
-            wf = T.alloc_local([VEC], "float32")
-            if i < num_tokens:
-                if early_weight:
-                    for v in T.unroll(VEC // wvec):
-                        for j in T.vectorized(wvec):
-                            wl[v * wvec + j] = weight[lane * VEC + v * wvec + j]
-                load_token(sc, lt, r - 1, projected_kv, i, lane)
-                for t in T.unroll(r - 1):  # speculative: token i - (r - 1 - t), clamped to token 0
-                    load_token(sc, lt, t, projected_kv, T.max(i - (r - 1 - t), 0), lane)
-                    nctx[t] = ctx[T.max(i - (r - 1 - t), 0)]
-                    nsbi[t] = sbi[T.max(i - (r - 1 - t), 0)]
-                posv = T.Cast("int64", positions[i])
-                slotv = T.Cast("int64", slots[i])
-                c = ctx[i]
-                slot = sbi[i]
-                ok = T.if_then_else(c >= 1 and slot >= 0 and slot < num_slots, 1, 0)
-                if ok == 1:
-                    # this token's inputs go to the ring; no group of this step reads that entry from
-                    # the ring (in-step inputs come from projected_kv; capacity rule)
-                    ent = (c - 1) % ring
-                    store_ring(state, slot, ent, sc, lt, r - 1, lane)
-                if ok == 1 and (c - 1) % r == r - 1:
-                    for t in T.unroll(r - 1):
-                        # position c - 1 - back: an earlier token of this step, else an earlier step's
-                        if not (i - (r - 1 - t) >= 0 and nsbi[t] == slot and nctx[t] == c - (r - 1 - t)):
-                            ent = (c - 1 - (r - 1 - t)) % ring
-                            load_ring(sc, lt, t, state, slot, ent, lane)
-                    gated_mean(sc, lt, x)
-                else:  # closes no group: a zero row
-                    for j in T.unroll(VEC):
-                        x[j] = T.float32(0)
-                if early_weight:
-                    for j in T.unroll(VEC):
-                        wf[j] = T.Cast("float32", wl[j])
-                    row_store(x, lane, wf, cos, sin, cache, out_norm, posv, slotv, ok == 1, i, max_pos,
-                              cache_bytes // fmt.row_bytes, eps)
-                else:
-                    row_store(x, lane, weight, cos, sin, cache, out_norm, posv, slotv, ok == 1, i, max_pos,
-                              cache_bytes // fmt.row_bytes, eps)
-
-    return kernel
-
-
-@tilelang.jit(pass_configs=V2_PASS_CONFIGS)
-def compress_store_prefill_kernel_v3(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
-                                     has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
-                                     min_ctas_per_sm: int = V3_MIN_CTAS_PER_SM, fast: bool = V2_FAST):
-    """v3 of ``compress_store_prefill_kernel``: same rows, same bits, two layouts in one CTA.
-
-    A CTA of ``V3_ROWS`` warps takes ``V3_ROWS`` consecutive rows. Warp w finds row w's request (v2's
-    32-ary search) and puts the row's metadata in shared memory. Phase 1, the compress kernel's layout:
-    thread t holds channels 4t .. 4t+3 of every row, issues all rows' 16-byte loads at once, and writes
-    the gated means (FP32 holding the BF16-rounded value) to shared memory. A barrier. Phase 2: the
-    CTA's threads refresh the rings of the requests that begin here (those requests' only ring reads,
-    their first rows, were phase 1's), then warp w runs the store macro on row w (16 channels per lane).
-    Few registers per thread (no pipeline state), so more CTAs share an SM and keep loads in flight
-    while others compute; the compressed rows still never leave the chip.
-    """
-    fmt = _FORMATS[fmt_name]
-    dim = fmt.dim
-    rows_cta = V3_ROWS
-    threads = rows_cta * WARP
-    assert dim == threads * F4 and dim == WARP * VEC, dim
-    half = rope_dim // 2
-    wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte weight loads
-    row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype,
-                               weight_in_registers=True, fast=fast, e2m1_fma=fast)
-    gated_mean = make_gated_mean_v2(r, F4)
-    num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos = T.dynamic(
-        "num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos")
-    cache_bytes = T.dynamic("cache_bytes", "int64")
-    # shared metadata per row: group start position (-1: zero row), chunk start s, token of position 0,
-    # ring slot, request ok, first ring position to refresh, positions to refresh
-    GPOS, START, TOKBASE, SLOT, OK, WLO, WCNT = range(7)
-
-    @T.prim_func
-    def kernel(
-        projected_kv: T.Tensor((num_tokens, 2 * dim), "float32"),  # [num_tokens, 2 * D] fp32
-        state: T.Tensor((num_slots, ring, 2, dim), "float32"),  # [num_state_slots, S, 2, D] fp32
-        cu_q: T.Tensor((nreq1,), "int32"),  # [num_reqs + 1] int32
-        ctx: T.Tensor((num_reqs,), "int32"),  # [num_reqs] int32, e
-        sbi: T.Tensor((num_reqs,), "int32"),  # [num_reqs] int32, ring slot
-        cu_c: T.Tensor((nreq1,), "int32"),  # [num_reqs + 1] int32, row offsets
-        weight: T.Tensor((dim,), weight_dtype),  # [D] bf16 or fp32
-        cos: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
-        sin: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
-        positions: T.Tensor((rows,), pos_dtype),  # [rows] int32/int64, j * r
-        slots: T.Tensor((rows,), slot_dtype),  # [rows] int32/int64, < 0: skip
-        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
-        out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [rows, D] bf16 (or [1, D] dummy)
-        eps: T.float32,
-        search_steps: T.int32,  # ceil(log32(num_reqs))
-    ):
-        with T.Kernel(T.ceildiv(rows, rows_cta), threads=threads) as bx:
-            if min_ctas_per_sm > 1:
-                T.annotate_min_blocks_per_sm(min_ctas_per_sm)
-            tx = T.get_thread_binding()
-            lane = tx % WARP
-            row = bx * rows_cta + tx // WARP  # this warp's row in phase 2
-            meta = T.alloc_shared([7, rows_cta], "int32")
-            m = T.alloc_local([7, rows_cta], "int32")  # every row's metadata, read back after the barrier
-            xs = T.alloc_shared([rows_cta, dim], "float32")
-            sc = T.alloc_local([rows_cta * r, F4], "float32")
-            lt = T.alloc_local([rows_cta * r, F4], "float32")
-            sc1 = T.alloc_local([r, F4], "float32")
-            lt1 = T.alloc_local([r, F4], "float32")
-            xv = T.alloc_local([F4], "float32")
-            x = T.alloc_local([VEC], "float32")
-            wl = T.alloc_local([VEC], weight_dtype)
-            wf = T.alloc_local([VEC], "float32")
-            lo = T.alloc_var("int32")
-            span = T.alloc_var("int32")
-            step = T.alloc_var("int32")
-            cnt = T.alloc_var("int32")
-            req = T.alloc_var("int32")
-            s = T.alloc_var("int32")
-            k_in = T.alloc_var("int32")
-            ok = T.alloc_var("int32")
-            gpos = T.alloc_var("int32")
-            wlo = T.alloc_var("int32")
-            wcnt = T.alloc_var("int32")
-            posv = T.alloc_var("int64")
-            slotv = T.alloc_var("int64")
-            ent = T.alloc_var("int32")  # ring entry (int32: one modulo per entry, not per vector access)
-            ok = 0
-            gpos = -1
-            wlo = 0
-            wcnt = 0
-            s = 0
-            req = 0
-            if row < rows:
-                # req = the last i with cu_c[i] <= row (v2's 32-ary warp search)
-                lo = 0
-                span = num_reqs
-                for _ in T.serial(search_steps):
-                    step = (span + WARP - 1) // WARP
-                    cnt = T.if_then_else(
-                        lane * step < span and cu_c[T.min(lo + lane * step, num_reqs)] <= row, 1, 0)
-                    for k in T.unroll(5):
-                        cnt = cnt + T.shfl_xor(cnt, 16 >> k)
-                    lo = lo + T.max(cnt - 1, 0) * step
-                    span = T.min(step, span - T.max(cnt - 1, 0) * step)
-                req = T.min(T.max(lo, 0), num_reqs - 1)
-                s = ctx[req] - (cu_q[req + 1] - cu_q[req])
-                k_in = row - cu_c[req]
-                # the request's metadata addresses only its own chunk and its own ring
-                ok = T.if_then_else(cu_q[req] >= 0 and cu_q[req + 1] <= num_tokens and s >= 0
-                                    and sbi[req] >= 0 and sbi[req] < num_slots and k_in >= 0, 1, 0)
-                if ok == 1 and k_in < ctx[req] // r - s // r:
-                    gpos = (s // r + k_in) * r
-                if ok == 1 and k_in == 0:
-                    wlo = T.max(s, ctx[req] - ring)
-                    wcnt = ctx[req] - wlo
-                posv = T.Cast("int64", positions[row])
-                slotv = T.Cast("int64", slots[row])
-                for v in T.unroll(VEC // wvec):
-                    for i in T.vectorized(wvec):
-                        wl[v * wvec + i] = weight[lane * VEC + v * wvec + i]
-                if lane == 0:
-                    meta[GPOS, tx // WARP] = gpos
-                    meta[START, tx // WARP] = s
-                    meta[TOKBASE, tx // WARP] = cu_q[req] - s
-                    meta[SLOT, tx // WARP] = sbi[req]
-                    meta[WLO, tx // WARP] = wlo
-                    meta[WCNT, tx // WARP] = wcnt
-            elif lane == 0:
-                meta[GPOS, tx // WARP] = -1
-                meta[WCNT, tx // WARP] = 0
-            T.sync_threads()
-            for f in T.unroll(7):
-                for j in T.unroll(rows_cta):
-                    m[f, j] = meta[f, j]
-            # phase 1: every row's loads first (this thread's 4 channels), then the gated means
-            for j in T.unroll(rows_cta):
-                if m[GPOS, j] >= 0:
-                    for t in T.unroll(r):
-                        if m[GPOS, j] + t >= m[START, j]:  # in this chunk
-                            for i in T.vectorized(F4):
-                                sc[j * r + t, i] = projected_kv[m[TOKBASE, j] + m[GPOS, j] + t,
-                                                                tx * F4 + i]
-                            for i in T.vectorized(F4):
-                                lt[j * r + t, i] = projected_kv[m[TOKBASE, j] + m[GPOS, j] + t,
-                                                                dim + tx * F4 + i]
-                        else:  # the group began before the chunk: the ring holds its inputs
-                            ent = (m[GPOS, j] + t) % ring
-                            for i in T.vectorized(F4):
-                                sc[j * r + t, i] = state[m[SLOT, j], ent, 0, tx * F4 + i]
-                            for i in T.vectorized(F4):
-                                lt[j * r + t, i] = state[m[SLOT, j], ent, 1, tx * F4 + i]
-            for j in T.unroll(rows_cta):
-                if m[GPOS, j] >= 0:
-                    for t in T.unroll(r):
-                        for i in T.unroll(F4):
-                            sc1[t, i] = sc[j * r + t, i]
-                            lt1[t, i] = lt[j * r + t, i]
-                    gated_mean(sc1, lt1, xv)
-                else:  # placeholder (nc = 0), a skipped row or past the end: a zero row
-                    for i in T.unroll(F4):
-                        xv[i] = T.float32(0)
-                for i in T.vectorized(F4):
-                    xs[j, tx * F4 + i] = xv[i]
-            T.sync_threads()
-            # phase 2: the rings of requests that begin in this CTA (after all of phase 1's ring reads)
-            for j in T.unroll(rows_cta):
-                for q in T.serial(m[WCNT, j]):
-                    ent = (m[WLO, j] + q) % ring
-                    for i in T.vectorized(F4):
-                        state[m[SLOT, j], ent, 0, tx * F4 + i] = projected_kv[m[TOKBASE, j] + m[WLO, j] + q,
-                                                                             tx * F4 + i]
-                    for i in T.vectorized(F4):
-                        state[m[SLOT, j], ent, 1, tx * F4 + i] = projected_kv[m[TOKBASE, j] + m[WLO, j] + q,
-                                                                             dim + tx * F4 + i]
-            # ... and warp w's row: norm, RoPE, cast, store
-            if row < rows:
-                for i in T.unroll(VEC):
-                    wf[i] = T.Cast("float32", wl[i])
-                for v in T.unroll(VEC // F4):
-                    for i in T.vectorized(F4):
-                        x[v * F4 + i] = xs[tx // WARP, lane * VEC + v * F4 + i]
-                row_store(x, lane, wf, cos, sin, cache, out_norm, posv, slotv, ok == 1, row, max_pos,
-                          cache_bytes // fmt.row_bytes, eps)
-
-    return kernel
-
-
-@tilelang.jit(pass_configs=V2_PASS_CONFIGS)
 def compress_store_decode_kernel_v3(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
                                     has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
                                     fast: bool = V2_FAST):
-    """v3 of ``compress_store_decode_kernel``: same rows, same bits, prefill v3's two layouts.
+    """v3 of ``compress_store_decode_kernel``: same rows, same bits, two thread layouts in one CTA.
 
-    A CTA of ``V3_ROWS`` warps takes ``V3_ROWS`` consecutive query tokens. Phase 1 (thread t: channels
-    4t .. 4t+3): one trip loads the inputs and metadata of the CTA's tokens and of the r - 1 tokens
-    before them, so every in-step neighbour of a group is already in registers; groups whose earlier
-    positions were written by an earlier step read them from the ring (second trip). Each token's inputs
-    go to its ring entry (the capacity rule keeps them off every entry a group of this step reads), the
-    gated means to shared memory. A barrier; phase 2: warp w runs the store macro on token w's row.
+    A CTA of ``V3_ROWS`` warps takes ``V3_ROWS`` consecutive query tokens. Phase 1, the compress kernel's
+    layout (thread t: channels 4t .. 4t+3): one trip loads the inputs and metadata of the CTA's tokens
+    and of the r - 1 tokens before them, so every in-step neighbour of a group is already in registers;
+    groups whose earlier positions were written by an earlier step read them from the ring (second
+    trip). Each token's inputs go to its ring entry (the capacity rule keeps them off every entry a group
+    of this step reads), the gated means to shared memory. A barrier; phase 2: warp w runs the store
+    macro on token w's row (16 channels per lane). Few registers per thread (no pipeline state), so more
+    warps share an SM.
     """
     fmt = _FORMATS[fmt_name]
     dim = fmt.dim
@@ -1042,16 +750,6 @@ def _prefill_kernel_v2(*static):
 
 
 @functools.lru_cache(maxsize=None)
-def _decode_kernel_v2(*static):
-    return compress_store_decode_kernel_v2(*static)
-
-
-@functools.lru_cache(maxsize=None)
-def _prefill_kernel_v3(*static):
-    return compress_store_prefill_kernel_v3(*static)
-
-
-@functools.lru_cache(maxsize=None)
 def _decode_kernel_v3(*static):
     return compress_store_decode_kernel_v3(*static)
 
@@ -1062,8 +760,8 @@ V2_MANY_ROWS = 131072
 
 def _variant(variant, op):
     v = VARIANT[op] if variant is None else variant
-    if v not in VARIANTS:
-        raise ValueError(f"compress_store: variant must be one of {VARIANTS}, got {v!r}")
+    if v not in VARIANTS[op]:
+        raise ValueError(f"compress_store {op}: variant must be one of {VARIANTS[op]}, got {v!r}")
     return v
 
 
@@ -1094,13 +792,14 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
     fp32 (in place), cu_seqlens_q/context_lens/state_block_idx/cu_compressed int32 metadata,
     norm_weight [D] bf16/fp32, cos/sin [max_position, rope_dim/2] fp32, positions/slot_mapping
     [rows] int32/int64, kv_cache uint8 (in place), out_norm optional [rows, D] bf16. Returns None.
-    ``variant``: "v1" / "v2" / "v3" (None: the module's ``VARIANT["prefill"]``); same bytes, different
-    launch path.
+    ``variant``: one of ``VARIANTS["prefill"]``, "v1" / "v2" (None: the module's ``VARIANT["prefill"]``);
+    same bytes, different launch path.
     """
     dims = check_compress_store_prefill_args(
         projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
         compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
         out_norm=out_norm, num_rows=num_rows, rope_dim=rope_dim, interleaved=interleaved)
+    v = _variant(variant, "prefill")
     check_cuda(projected_kv=projected_kv, state_cache=state_cache, kv_cache=kv_cache)
     static = _static(fmt, compress_ratio, rope_dim, interleaved, out_norm, norm_weight, positions,
                      slot_mapping)
@@ -1111,11 +810,8 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
     if dims.store.rows == 0:
         return
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
-    v = _variant(variant, "prefill")
     if v == "v1":
         launch = _prefill_kernel(*static, PREFILL_ROWS_PER_WARP, WARPS)
-    elif v == "v3":
-        launch = _prefill_kernel_v3(*static, V3_MIN_CTAS_PER_SM, V2_FAST)
     else:
         rpw = V2_ROWS_PER_WARP if dims.store.rows >= V2_MANY_ROWS else V2_ROWS_PER_WARP_SMALL
         launch = _prefill_kernel_v2(*static, rpw, V2_WARPS, V2_MIN_CTAS_PER_SM, V2_FAST)
@@ -1132,12 +828,13 @@ def compress_store_decode(projected_kv, state_cache, context_lens, state_block_i
     """Decode / verification step, fused: ring writes, groups closing in the step, their cache rows.
 
     Same arguments and results as ``reference.compress_store.compress_store_decode_ref``. Returns None.
-    ``variant`` as in ``compress_store_prefill``.
+    ``variant``: one of ``VARIANTS["decode"]``, "v1" / "v3" (None: ``VARIANT["decode"]``).
     """
     dims = check_compress_store_decode_args(
         projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio, norm_weight,
         eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm=out_norm, rope_dim=rope_dim,
         interleaved=interleaved)
+    v = _variant(variant, "decode")
     check_cuda(projected_kv=projected_kv, state_cache=state_cache, kv_cache=kv_cache)
     static = _static(fmt, compress_ratio, rope_dim, interleaved, out_norm, norm_weight, positions,
                      slot_mapping)
@@ -1147,14 +844,10 @@ def compress_store_decode(projected_kv, state_cache, context_lens, state_block_i
     if dims.store.rows == 0:
         return
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
-    v = _variant(variant, "decode")
     if v == "v1":
         launch = _decode_kernel(*static, DECODE_WARPS)
-    elif v == "v3":
-        launch = _decode_kernel_v3(*static, V2_FAST)
     else:
-        launch = _decode_kernel_v2(*static, V2_DECODE_WARPS, dims.store.rows <= V2_EARLY_WEIGHT_MAX_TOKENS,
-                                   V2_FAST)
+        launch = _decode_kernel_v3(*static, V2_FAST)
     launch(
         projected_kv.contiguous(), state_cache, context_lens.contiguous(), state_block_idx.contiguous(),
         norm_weight.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous(),

@@ -26,8 +26,7 @@ def configs():
                                                                      ("fp4_main", False))}  # benchmark
     shapes |= {(False, "fp8_main", True, True, "bfloat16", "int32")}
     kinds = {"p1": "compress_store_prefill_kernel", "p2": "compress_store_prefill_kernel_v2",
-             "p3": "compress_store_prefill_kernel_v3", "d1": "compress_store_decode_kernel",
-             "d2": "compress_store_decode_kernel_v2", "d3": "compress_store_decode_kernel_v3"}
+             "d1": "compress_store_decode_kernel", "d3": "compress_store_decode_kernel_v3"}
     out = []
     for prefill, fmt, inter, norm, wdt, idt in sorted(shapes):
         static = (fmt, 2, 64, inter, norm, wdt, idt, idt)
@@ -35,18 +34,14 @@ def configs():
             out.append(("p1", static + (cs.PREFILL_ROWS_PER_WARP, cs.WARPS)))
             for rpw in sorted({cs.V2_ROWS_PER_WARP, cs.V2_ROWS_PER_WARP_SMALL}):
                 out.append(("p2", static + (rpw, cs.V2_WARPS, cs.V2_MIN_CTAS_PER_SM, cs.V2_FAST)))
-            out.append(("p3", static + (cs.V3_MIN_CTAS_PER_SM, cs.V2_FAST)))
         else:
             out.append(("d1", static + (cs.DECODE_WARPS,)))
-            out += [("d2", static + (cs.V2_DECODE_WARPS, early, cs.V2_FAST)) for early in (False, True)]
             out.append(("d3", static + (cs.V2_FAST,)))
-    # the benchmark's COMPRESS_STORE_SWEEP shapes (1M FP8 tokens without out_norm, b4096q6)
-    from benchmarks.bench_compress_store import DECODE_SHAPES, PREFILL_SHAPES
+    # the benchmark's COMPRESS_STORE_SWEEP shapes (1M FP8 tokens without out_norm)
+    from benchmarks.bench_compress_store import PREFILL_SHAPES
 
     bench = ("fp8_main", 2, 64, True, False, "bfloat16", "int32", "int32")
     out += [("p2", bench + shape) for shape in PREFILL_SHAPES]
-    dec = ("fp8_main", 2, 64, True, True, "bfloat16", "int32", "int32")
-    out += [("d2", dec + (w, False)) for w in DECODE_SHAPES]
     return [("tilelang_ops.compress_store", kinds[kind], static) for kind, static in dict.fromkeys(out)]
 
 

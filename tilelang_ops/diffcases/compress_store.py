@@ -127,18 +127,14 @@ def build_check():
     from tilelang_ops.compress_store import (
         BUILD_SHAPES,
         compress_store_decode_kernel,
-        compress_store_decode_kernel_v2,
         compress_store_decode_kernel_v3,
         compress_store_prefill_kernel,
         compress_store_prefill_kernel_v2,
-        compress_store_prefill_kernel_v3,
     )
 
     built = []
     for name, r in BUILD_SHAPES:
         for kind, factory in (("prefill_v2", compress_store_prefill_kernel_v2),
-                              ("decode_v2", compress_store_decode_kernel_v2),
-                              ("prefill_v3", compress_store_prefill_kernel_v3),
                               ("decode_v3", compress_store_decode_kernel_v3),
                               ("prefill_v1", compress_store_prefill_kernel),
                               ("decode_v1", compress_store_decode_kernel)):
