@@ -144,8 +144,8 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     e2m1_fma = e2m1_fma and kind == "e2m1"
     group = fmt.group_size
     lanes_per_group = max(1, group // VEC)  # chunks per scale group (a group pair is lanes q, q ^ 1)
-    e2m1_bf16x2 = e2m1_bf16x2 and kind == "e2m1" and fmt.scale_dtype == "ue8m0"
-    scale_mul = scale_mul and kind == "e2m1" and fmt.scale_dtype == "e4m3"
+    e2m1_bf16x2 = e2m1_bf16x2 and option_applies("e2m1_bf16x2", fmt)
+    scale_mul = scale_mul and option_applies("scale_mul", fmt)
     if e2m1_bf16x2:
         floor16 = struct.unpack("<I", struct.pack("<f", fmt.amax_floor))[0]
         assert fmt.qmax == 6.0 and lanes_per_group == 2 and floor16 & 0xFFFF == 0, fmt  # a BF16 floor
@@ -589,8 +589,7 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
                                weight_dtype, weight_in_registers=True, fast=fast, chunks=C,
                                e2m1_fma=e2m1_fma, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul)
     # the helpers are declared only where they are called (other kernels' sources stay as they were)
-    prelude = BF16X2_PRELUDE if (e2m1_bf16x2 and fmt.data_dtype == "e2m1" and fmt.scale_dtype == "ue8m0") \
-        else None
+    prelude = BF16X2_PRELUDE if e2m1_bf16x2 and option_applies("e2m1_bf16x2", fmt) else None
     rows, norm_rows, max_pos = T.dynamic("rows, norm_rows, max_pos")
     cache_bytes = T.dynamic("cache_bytes", "int64")
     block_bytes = rows_per_block * fmt.row_bytes
@@ -692,6 +691,12 @@ V3_OPTIONS = {"fp8_main": (), "fp4_main": ("scale_mul",), "fp4_index": ("e2m1_bf
 _OPTION_APPLIES = {"e2m1_bf16x2": ("e2m1", "ue8m0"), "scale_mul": ("e2m1", "e4m3")}
 
 
+def option_applies(name: str, fmt: KVCacheFormat) -> bool:
+    """Whether v3 cast option ``name`` changes ``fmt``'s kernel (its (data, scale) dtypes are the
+    option's); the others ignore it."""
+    return _OPTION_APPLIES[name] == (fmt.data_dtype, fmt.scale_dtype)
+
+
 def v3_options(fmt: KVCacheFormat, names: tuple | None = None) -> tuple:
     """v3's option flags for ``fmt`` (``names``: the options asked for; None: the environment override,
     else ``V3_OPTIONS``), in ``V3_OPTION_NAMES`` order; () when none applies (the default kernel)."""
@@ -701,8 +706,7 @@ def v3_options(fmt: KVCacheFormat, names: tuple | None = None) -> tuple:
     unknown = set(names) - set(V3_OPTION_NAMES)
     if unknown:
         raise ValueError(f"kv_store v3 options must be among {V3_OPTION_NAMES}, got {sorted(unknown)}")
-    flags = tuple(n in names and _OPTION_APPLIES[n] == (fmt.data_dtype, fmt.scale_dtype)
-                  for n in V3_OPTION_NAMES)
+    flags = tuple(n in names and option_applies(n, fmt) for n in V3_OPTION_NAMES)
     return flags if any(flags) else ()
 
 
