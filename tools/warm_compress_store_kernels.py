@@ -32,8 +32,8 @@ def configs():
         static = (fmt, 2, 64, inter, norm, wdt, idt, idt)
         if prefill:
             out.append(("p1", static + (cs.PREFILL_ROWS_PER_WARP, cs.WARPS)))
-            for rpw in sorted({cs.V2_ROWS_PER_WARP, cs.V2_ROWS_PER_WARP_SMALL}):
-                out.append(("p2", static + (rpw, cs.V2_WARPS, cs.V2_MIN_CTAS_PER_SM, cs.V2_FAST)))
+            for rows in (cs.V2_MANY_ROWS, 1):  # the large- and small-launch shapes the wrapper picks
+                out.append(("p2", static + cs.v2_prefill_launch(rows)))
         else:
             out.append(("d1", static + (cs.DECODE_WARPS,)))
             out.append(("d3", static + (cs.V2_FAST,)))
@@ -41,7 +41,7 @@ def configs():
     from benchmarks.bench_compress_store import PREFILL_SHAPES
 
     bench = ("fp8_main", 2, 64, True, False, "bfloat16", "int32", "int32")
-    out += [("p2", bench + shape) for shape in PREFILL_SHAPES]
+    out += [("p2", bench + shape + (cs.V2_FAST,)) for shape in PREFILL_SHAPES]
     return [("tilelang_ops.compress_store", kinds[kind], static) for kind, static in dict.fromkeys(out)]
 
 
