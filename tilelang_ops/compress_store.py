@@ -203,35 +203,34 @@ def make_gated_mean_v2(r: int, width: int = VEC):
 
     return gated_mean
 
-def make_row_io(dim: int, width: int = VEC):
-    """``@T.macro``s moving one position's (score, latent) channels ``lane * width .. + width - 1`` of a
-    thread, 16-byte vectors: ``load_token`` from projected_kv, ``load_ring`` / ``store_ring`` from / to a
-    ring entry; ``sc``/``lt`` are local [*, width] buffers, ``t`` the row of them. ``width`` 16 is the
-    store macro's layout (lane = lane of the warp), 4 the compress kernel's (lane = thread of the CTA)."""
+def make_row_io(dim: int):
+    """``@T.macro``s moving one position's (score, latent) channels of this lane, 16-byte vectors:
+    ``load_token`` from projected_kv, ``load_ring`` / ``store_ring`` from / to a ring entry;
+    ``sc``/``lt`` are local [*, 16] buffers, ``t`` the row of them."""
 
     @T.macro
     def load_token(sc, lt, t, projected_kv, tok, lane):
-        for v in T.unroll(width // F4):
+        for v in T.unroll(VEC // F4):
             for i in T.vectorized(F4):
-                sc[t, v * F4 + i] = projected_kv[tok, lane * width + v * F4 + i]
+                sc[t, v * F4 + i] = projected_kv[tok, lane * VEC + v * F4 + i]
             for i in T.vectorized(F4):
-                lt[t, v * F4 + i] = projected_kv[tok, dim + lane * width + v * F4 + i]
+                lt[t, v * F4 + i] = projected_kv[tok, dim + lane * VEC + v * F4 + i]
 
     @T.macro
     def load_ring(sc, lt, t, state, slot, entry, lane):
-        for v in T.unroll(width // F4):
+        for v in T.unroll(VEC // F4):
             for i in T.vectorized(F4):
-                sc[t, v * F4 + i] = state[slot, entry, 0, lane * width + v * F4 + i]
+                sc[t, v * F4 + i] = state[slot, entry, 0, lane * VEC + v * F4 + i]
             for i in T.vectorized(F4):
-                lt[t, v * F4 + i] = state[slot, entry, 1, lane * width + v * F4 + i]
+                lt[t, v * F4 + i] = state[slot, entry, 1, lane * VEC + v * F4 + i]
 
     @T.macro
     def store_ring(state, slot, entry, sc, lt, t, lane):
-        for v in T.unroll(width // F4):
+        for v in T.unroll(VEC // F4):
             for i in T.vectorized(F4):
-                state[slot, entry, 0, lane * width + v * F4 + i] = sc[t, v * F4 + i]
+                state[slot, entry, 0, lane * VEC + v * F4 + i] = sc[t, v * F4 + i]
             for i in T.vectorized(F4):
-                state[slot, entry, 1, lane * width + v * F4 + i] = lt[t, v * F4 + i]
+                state[slot, entry, 1, lane * VEC + v * F4 + i] = lt[t, v * F4 + i]
 
     return load_token, load_ring, store_ring
 
@@ -615,7 +614,6 @@ def compress_store_decode_kernel_v3(fmt_name: str, r: int, rope_dim: int, interl
     row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype,
                                weight_in_registers=True, fast=fast, e2m1_fma=fast)
     gated_mean = make_gated_mean_v2(r, F4)
-    load_token4, load_ring4, store_ring4 = make_row_io(dim, F4)  # phase 1: 4 channels per thread
     num_tokens, num_slots, ring, norm_rows, max_pos = T.dynamic(
         "num_tokens, num_slots, ring, norm_rows, max_pos")
     cache_bytes = T.dynamic("cache_bytes", "int64")
@@ -666,7 +664,10 @@ def compress_store_decode_kernel_v3(fmt_name: str, r: int, rope_dim: int, interl
             okw = 0
             for u in T.unroll(span):
                 tok = T.min(T.max(first + u, 0), num_tokens - 1)
-                load_token4(sc, lt, u, projected_kv, tok, tx)
+                for i in T.vectorized(F4):
+                    sc[u, i] = projected_kv[tok, tx * F4 + i]
+                for i in T.vectorized(F4):
+                    lt[u, i] = projected_kv[tok, dim + tx * F4 + i]
                 c[u] = ctx[tok]
                 sl[u] = sbi[tok]
             if row < num_tokens:
@@ -690,11 +691,17 @@ def compress_store_decode_kernel_v3(fmt_name: str, r: int, rope_dim: int, interl
                     for t in T.unroll(r - 1):
                         if instep[j * (r - 1) + t] == 0:
                             ent = (c[j + r - 1] - 1 - (r - 1 - t)) % ring
-                            load_ring4(rsc, rlt, j * (r - 1) + t, state, sl[j + r - 1], ent, tx)
+                            for i in T.vectorized(F4):
+                                rsc[j * (r - 1) + t, i] = state[sl[j + r - 1], ent, 0, tx * F4 + i]
+                            for i in T.vectorized(F4):
+                                rlt[j * (r - 1) + t, i] = state[sl[j + r - 1], ent, 1, tx * F4 + i]
             for j in T.unroll(rows_cta):
                 if ok[j] == 1:
                     ent = (c[j + r - 1] - 1) % ring
-                    store_ring4(state, sl[j + r - 1], ent, sc, lt, j + r - 1, tx)
+                    for i in T.vectorized(F4):
+                        state[sl[j + r - 1], ent, 0, tx * F4 + i] = sc[j + r - 1, i]
+                    for i in T.vectorized(F4):
+                        state[sl[j + r - 1], ent, 1, tx * F4 + i] = lt[j + r - 1, i]
             for j in T.unroll(rows_cta):
                 if closes[j] == 1:
                     for i in T.unroll(F4):
