@@ -1,6 +1,13 @@
 """norm_rope_hadamard_cast_store: the TileLang kernel vs the vectorized torch twin (eager and
 torch.compile). Bytes = BF16 rows read + cache bytes written (no out_norm in these cases).
 
+Slot order: the main cases store like the engine does for a prefill (``paged``: consecutive rows fill
+consecutive slots of a block, the blocks in a random order, as a block table hands them out); the
+``_rowperm`` cases at 1M rows scatter every row to a random slot (a random permutation of all slots).
+The two differ in what the memory system sees, not in the kernel's work: a FP8 main row (528 B) or a
+FP4 index row's 4 scale bytes cover only part of a 32-byte sector, and with random rows the other part
+of that sector is written much later, after the sector has left L2 (a partial-sector write back).
+
 The default variant (v3) is reported with the previous one (v2) as peer ``v2`` and, for the FP4 formats,
 v3 with its cast options off as peer ``v3plain`` (``OPTION_PEERS``; the default turns e2m1_bf16x2 /
 scale_mul on). KV_STORE_SWEEP=1 also times v3's launch shapes in ``SWEEP`` (chunks, rows per thread, min
@@ -26,9 +33,12 @@ ROWS_PER_BLOCK = 64
 MAX_POSITION = 8192
 TINY = 64  # at or below this many rows, time CUDA-graph replays (launch-bound)
 OPTION_PEERS = {"fp4_main": "none", "fp4_index": "none"}  # KV_STORE_V3_OPTIONS of peer v3plain
+ORDERS = {1 << 20: ("paged", "rowperm")}  # slot orders per row count (default: paged only)
 
 
-def _inputs(fmt, rows):
+def _inputs(fmt, rows, order="paged"):
+    """Inputs of one case; ``order``: "paged" (blocks in random order, rows in order inside a block)
+    or "rowperm" (every row to a random slot)."""
     g = torch.Generator(device="cuda").manual_seed(rows)
     kv = (torch.randn(rows, fmt.dim, device="cuda", generator=g) * 2).bfloat16()
     w = (torch.rand(fmt.dim, device="cuda", generator=g) + 0.5).bfloat16()
@@ -36,7 +46,12 @@ def _inputs(fmt, rows):
     cos, sin = torch.cos(ang), torch.sin(ang)
     pos = torch.randint(0, MAX_POSITION, (rows,), device="cuda", generator=g)
     blocks = -(-rows // ROWS_PER_BLOCK)
-    slots = torch.randperm(blocks * ROWS_PER_BLOCK, device="cuda", generator=g)[:rows]
+    if order == "rowperm":
+        slots = torch.randperm(blocks * ROWS_PER_BLOCK, device="cuda", generator=g)[:rows]
+    else:
+        row = torch.arange(rows, device="cuda")
+        block = torch.randperm(blocks, device="cuda", generator=g)
+        slots = block[row // ROWS_PER_BLOCK] * ROWS_PER_BLOCK + row % ROWS_PER_BLOCK
     cache = torch.zeros(blocks, fmt.block_bytes(ROWS_PER_BLOCK), dtype=torch.uint8, device="cuda")
     return kv, w, cos, sin, pos, slots, cache
 
@@ -46,8 +61,8 @@ def run(h: Harness) -> None:
 
     compiled = compile_peer(norm_rope_hadamard_cast_store_torch)
     for fmt, hadamard in FORMATS:
-        for rows in ROWS:
-            kv, w, cos, sin, pos, slots, cache = _inputs(fmt, rows)
+        for rows, order in ((r, o) for r in ROWS for o in ORDERS.get(r, ("paged",))):
+            kv, w, cos, sin, pos, slots, cache = _inputs(fmt, rows, order)
             args = (kv, w, 1e-6, cos, sin, pos, slots, cache, fmt)
             kw = dict(hadamard=hadamard)
             timer = time_graph_us if rows <= TINY else time_us
@@ -62,7 +77,8 @@ def run(h: Harness) -> None:
                     peers["v3plain"] = timer(
                         lambda: norm_rope_hadamard_cast_store(*args, **kw, variant="v3"))  # noqa: B023
             nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
-            h.report(OP, f"{fmt.name}_rows{rows}", nbytes, us, eager_us=eager_us, compile_us=compile_us,
+            case = f"{fmt.name}_rows{rows}" + ("" if order == "paged" else f"_{order}")
+            h.report(OP, case, nbytes, us, eager_us=eager_us, compile_us=compile_us,
                      peers=peers)
             del kv, cache
             torch.cuda.empty_cache()
@@ -75,11 +91,11 @@ def run(h: Harness) -> None:
 # (6) / 72 (7, 32 B stack); fp4 R=1 90 -> 80 (6) / 72 (7, 32 B); fp4 index R=1 102 -> 96 (5, 8 B); bf16 R=2
 # 120 -> 96. With the cast options (96 registers at 5 CTAs): fp4 main R=2 16 B stack (as without),
 # fp4 index R=1 none (4 B without); SASS per thread 1736 -> 1680 and 1272 -> 1096.
-SWEEP = {"fp8_main": ((2, 2, 0), (2, 2, 5), (2, 1, 0), (2, 1, 6), (2, 1, 7)),
+SWEEP = {"fp8_main": ((2, 2, 0), (2, 2, 5), (2, 1, 0), (2, 1, 6), (2, 1, 7), (4, 1, 4), (4, 1, 0)),
          "fp4_main": ((2, 1, 0), (2, 1, 6), (2, 1, 7), (2, 2, 5), (2, 2, 5, "scale_mul"),
-                      (2, 1, 6, "scale_mul")),
+                      (2, 1, 6, "scale_mul"), (4, 1, 4, "scale_mul"), (4, 1, 0, "scale_mul")),
          "fp4_index": ((2, 1, 0), (2, 1, 5), (2, 1, 6), (2, 1, 5, "e2m1_bf16x2"), (2, 1, 6, "e2m1_bf16x2"),
-                       (2, 1, 0, "e2m1_bf16x2")),
+                       (2, 1, 0, "e2m1_bf16x2"), (4, 1, 4, "e2m1_bf16x2"), (4, 1, 0, "e2m1_bf16x2")),
          "bf16": ((2, 2, 0), (2, 2, 5))}
 
 

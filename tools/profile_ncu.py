@@ -4,10 +4,13 @@ Compute can profile just our kernels:
     ncu --nvtx --nvtx-include "prof/" --section SpeedOfLight --section WarpStateStats \
         python tools/profile_ncu.py kv_store:fp8 topk:b128 ...
 
-Cases reuse the benchmark inputs (benchmarks/bench_*.py)."""
+Cases reuse the benchmark inputs (benchmarks/bench_*.py). PROFILE_LINEINFO=1 compiles the kernels with
+``-lineinfo`` (use a fresh TILELANG_CACHE_DIR) so ``ncu --page source`` maps stalls to source lines, and
+writes each profiled kernel's CUDA source to $PROFILE_SRC_DIR (default .) as ``<case>.cu``."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -69,7 +72,21 @@ CASES = {
 }
 
 
+def _lineinfo() -> None:
+    """Every kernel factory of the package compiles with -lineinfo (before its first compile)."""
+    import importlib
+
+    for mod in ("kv_store", "topk", "compress_store", "compress"):
+        m = importlib.import_module(f"tilelang_ops.{mod}")
+        for obj in vars(m).values():
+            if hasattr(obj, "compile_flags") and hasattr(obj, "get_tir"):
+                obj.compile_flags = ["-lineinfo"]
+
+
 def main(names: list[str]) -> None:
+    lineinfo = os.environ.get("PROFILE_LINEINFO") == "1"
+    if lineinfo:
+        _lineinfo()
     for name in names:
         fn = CASES[name]()
         fn()
@@ -78,8 +95,23 @@ def main(names: list[str]) -> None:
             fn()
         torch.cuda.synchronize()
         print(f"profiled {name}", flush=True)
+        if lineinfo:
+            _dump_sources(name)
         del fn
         torch.cuda.empty_cache()
+
+
+def _dump_sources(name: str) -> None:
+    """The CUDA source of every kernel compiled so far in this process (JIT caches of the factories)."""
+    import importlib
+
+    out = os.environ.get("PROFILE_SRC_DIR", ".")
+    for mod in ("kv_store", "topk", "compress_store"):
+        m = importlib.import_module(f"tilelang_ops.{mod}")
+        for fname, obj in vars(m).items():
+            for i, kern in enumerate(getattr(obj, "_kernel_cache", {}).values()):
+                with open(os.path.join(out, f"{name.replace(':', '_')}.{fname}.{i}.cu"), "w") as f:
+                    f.write(kern.get_kernel_source())
 
 
 if __name__ == "__main__":
