@@ -544,6 +544,10 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # Radix passes use 12-bit digits (V3_NB bins), so a list spanning up to 2^24 keys takes two passes; the
 # compaction read has no bounds checks on full tiles; the key is branch-free; warp reductions (min /
 # max / sums of packed counts) are single REDUX instructions.
+# Tried on the H200 and dropped: an L2 prefetch (prefetch.global.L2, one line per lane) of the row P tiles
+# ahead of the compaction read, the first P tiles before the sample; randn, us for P = 0 / 2 / 4 / 8:
+# b128n131072 46.0 / 49.0 / 49.5 / 53.5, b64n32768 22.7 / 23.6 / 24.1 / 24.1, b1n65536 26.9 / 27.9 /
+# 28.1 / 28.2, b64n8192 (one tile, no compaction) 19.6 / 19.9 (concentrated scores: the same picture).
 V3_BMW = 2048  # bitmap words per class (taken / tie): ranks are computed over windows of 65536 indices
 V3_ROUNDS = PASSES + 2  # first compaction, <= 3 radix passes, at most one fallback compaction
 V3_BITS = 12  # radix digit of v3's passes (v1: RADIX_BITS); 2^32 -> 2^20 -> 2^8 -> 1 keys
@@ -811,7 +815,9 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     # smallest key >= thr (-inf below the -inf key; NaN above the +inf key, where only
                     # NaN qualifies). Per strip only a ballot (kept in inl[]); the warp's candidates of
                     # a tile get their slots from one counter add, and only strips with a candidate
-                    # compute keys and store (warp-uniform branches).
+                    # store (warp-uniform branches), raw bits: a pass over the list after the loop
+                    # turns them into keys and takes [min, max] (the loop keys only what overflows),
+                    # which costs one list entry per thread instead of a key and a min / max per strip.
                     if tx == 0:
                         s_cnt[0] = 0
                     kmin = KEY_MAX
@@ -858,21 +864,32 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                 dm = T.Cast("uint32", inl[u])
                                 if dm != ZERO:  # warp-uniform
                                     if ((dm >> T.Cast("uint32", lane)) & T.uint32(1)) != ZERO:
-                                        kx = _key(kb[u])
-                                        kmin = T.min(kmin, kx)
-                                        kmax = T.max(kmax, kx)
+                                        # the raw bits go to the list (keyed after the loop, with the
+                                        # list's min / max); only a key beyond `cap` is keyed here
                                         pos = slot + T.Cast("int32", T.popcount(dm & lt))
                                         if pos < cap:
-                                            s_ck[pos] = kx
+                                            s_ck[pos] = kb[u]
                                             s_ci[pos] = _lin_warp(it, u, tx)
+                                        else:
+                                            kx = _key(kb[u])
+                                            kmin = T.min(kmin, kx)
+                                            kmax = T.max(kmax, kx)
                                     slot = slot + T.Cast("int32", T.popcount(dm))
+                    T.sync_threads()
+                    m = s_cnt[0]
+                    # the stored raw bits become keys; [min, max] over them and the overflow keys
+                    for q in T.serial(T.ceildiv(T.min(m, cap), THREADS)):
+                        if q * THREADS + tx < T.min(m, cap):
+                            kx = _key(s_ck[q * THREADS + tx])
+                            s_ck[q * THREADS + tx] = kx
+                            kmin = T.min(kmin, kx)
+                            kmax = T.max(kmax, kx)
                     kmin = _warp_min(kmin)
                     kmax = _warp_max(kmax)
                     if lane == 0:
                         s_mm[0, warp] = kmin
                         s_mm[1, warp] = kmax
                     T.sync_threads()
-                    m = s_cnt[0]
                     kmin = s_mm[0, lane]
                     kmax = s_mm[1, lane]
                     kmin = _warp_min(kmin)
