@@ -548,6 +548,9 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # ahead of the compaction read, the first P tiles before the sample; randn, us for P = 0 / 2 / 4 / 8:
 # b128n131072 46.0 / 49.0 / 49.5 / 53.5, b64n32768 22.7 / 23.6 / 24.1 / 24.1, b1n65536 26.9 / 27.9 /
 # 28.1 / 28.2, b64n8192 (one tile, no compaction) 19.6 / 19.9 (concentrated scores: the same picture).
+# Also dropped: reading the compaction's first tile into registers together with the sample (so its
+# latency passes during the sample's histogram): GPU-tested, but slower (us, randn: b128n131072 42.2 ->
+# 43.1, b64n32768 21.2 -> 21.9, b1n65536 24.1 -> 24.8, v1 peers unchanged).
 V3_BMW = 2048  # bitmap words per class (taken / tie): ranks are computed over windows of 65536 indices
 V3_ROUNDS = PASSES + 2  # first compaction, <= 3 radix passes, at most one fallback compaction
 V3_BITS = 12  # radix digit of v3's passes (v1: RADIX_BITS); 2^32 -> 2^20 -> 2^8 -> 1 keys
