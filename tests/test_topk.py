@@ -50,6 +50,10 @@ def make_scores(dist: str, b: int, n: int, dtype=torch.float32, device="cpu", se
         x = torch.sort(torch.randn(b, n, generator=g), dim=1).values
     elif dist == "ties50":  # 50 distinct values: a sampled threshold bin holds several large tie groups
         x = torch.randint(0, 50, (b, n), generator=g).float()
+    elif dist == "pairs":  # every value twice, at random places: small threshold bins hold ties of two
+        v = torch.randn(b, (n + 1) // 2, generator=g)
+        x = torch.cat([v, v], dim=1)[:, :n]
+        x = torch.gather(x, 1, torch.argsort(torch.rand(b, n, generator=g), dim=1))
     elif dist in ("sampled", "unsampled"):
         # against a sampled threshold estimate (runs of 32 entries every n // 256, as the kernels sample):
         # 100 + randn on exactly the sampled runs (the estimate is too high) or on entries 64..127 of
@@ -597,6 +601,10 @@ VARIANT_CASES = [
     GpuCase("special", 16, 8192, 1000, "random", "bf16"),
     GpuCase("ties50", 16, 8192, 300, "random", mode="sorted_index"),
     GpuCase("ascending", 8, 8192, 4095, "random", mode="sorted"),
+    # v3 ranks a threshold bin of <= 32 keys in one warp: ties of two inside it (registers, list, bf16)
+    GpuCase("pairs", 16, 8192, 512, "random"),
+    GpuCase("pairs", 8, 32768, 2048),
+    GpuCase("pairs", 4, 131072, 2048, "random", "bf16"),
 ]
 VARIANT_NAMES = ["v1", "v3"]
 

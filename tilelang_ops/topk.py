@@ -647,6 +647,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             s_hist = T.alloc_shared([V3_NB], "int32")  # radix histogram; in the final rank: word prefixes
             s_scan = T.alloc_shared([2, WARPS], "int32")
             s_sel = T.alloc_shared([4], "int32")
+            s_small = T.alloc_shared([32], "uint32")  # the <= 32 keys of a small threshold bin
             s_mm = T.alloc_shared([2, WARPS], "uint32")  # per-warp min / max
             s_cnt = T.alloc_shared([1], "int32")  # candidate counter
             s_ck = T.alloc_shared([cap], "uint32")  # candidate keys (any order)
@@ -663,6 +664,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             src = T.alloc_var("int32")  # where keys come from: 0 the row, 2 the candidates, 3 registers
             ne = T.alloc_var("int32")
             cnt = T.alloc_var("int32")
+            resolve = T.alloc_var("int32")  # 1: the next round ranks the <= 32 keys of [lo, hi] in one warp
             compact = T.alloc_var("int32")  # 1: compact keys >= thr (sampled bound), 2: >= lo (fallback)
             thr = T.alloc_var("uint32")
             m = T.alloc_var("int32")
@@ -712,6 +714,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             hi = KEY_MAX
             src = 0
             ne = e
+            resolve = 0
+            cnt = 0
             compact = 1 - take_all
             thr = ZERO  # rows up to `cap` entries: every entry is a candidate
 
@@ -910,6 +914,46 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         ne = T.if_then_else(m <= cap, m, e)
                     compact = 0
                     T.sync_threads()  # s_cnt / s_mm are rewritten next
+                elif resolve != 0:
+                    # The threshold bin holds at most 32 keys (all of [lo, hi]; keys from registers or the
+                    # list): gather them and let one warp find the kk-th largest with its multiplicity,
+                    # instead of more radix passes. Then [lo, hi] is that one key and kk counts its ties.
+                    if tx == 0:
+                        s_cnt[0] = 0
+                    T.sync_threads()
+                    if src == 3:
+                        for u in T.unroll(UNROLL):
+                            if T.And(kb[u] >= lo, kb[u] <= hi):
+                                slot = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[0]), 1)
+                                if slot < 32:  # always (exactly cnt keys are in [lo, hi]); never past the end
+                                    s_small[slot] = kb[u]
+                    else:
+                        for q in T.serial(T.ceildiv(ne, THREADS)):
+                            if q * THREADS + tx < ne:
+                                kx = s_ck[q * THREADS + tx]
+                                if T.And(kx >= lo, kx <= hi):
+                                    slot = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[0]), 1)
+                                    if slot < 32:
+                                        s_small[slot] = kx
+                    T.sync_threads()
+                    if warp == 0:
+                        kx = T.if_then_else(lane < cnt, s_small[lane], ZERO)  # 0: below every real key
+                        c = 0  # keys above mine
+                        tmp = 0  # keys at or above mine
+                        for j in T.unroll(32):
+                            b0 = T.shfl_sync(kx, j)
+                            c = c + T.if_then_else(b0 > kx, 1, 0)
+                            tmp = tmp + T.if_then_else(b0 >= kx, 1, 0)
+                        if T.And(lane < cnt, T.And(c < kk, kk <= tmp)):  # ties all write the same
+                            s_sel[0] = T.Cast("int32", kx)
+                            s_sel[1] = kk - c
+                    T.sync_threads()
+                    lo = T.Cast("uint32", s_sel[0])
+                    hi = lo
+                    kk = s_sel[1]
+                    done = 1
+                    resolve = 0
+                    T.sync_threads()  # s_sel / s_cnt are free again
                 elif done == 0:
                     # radix pass: bins of 2^sh keys over [lo, hi] (at most V3_NB of them: 12-bit digits, so
                     # a candidate list spanning up to 2^24 keys, as a randn row's top ~2% does, needs two)
@@ -994,6 +1038,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     if T.And(T.And(done == 0, src == 0), k - kk + cnt <= cap):
                         compact = 2  # the keys >= lo fit: compact them, later passes use the list
                         thr = lo
+                    if T.And(T.And(done == 0, src != 0), cnt <= 32):
+                        resolve = 1  # [lo, hi] holds exactly cnt keys: one warp ranks them next
                     T.sync_threads()  # s_hist / s_sel / s_scan / s_mm are rewritten next
 
             if take_all == 0:

@@ -140,6 +140,8 @@ SETS = {
         GpuCase("randn", 2, 40000, 100, "short"),
     ],
     "adv": [  # against the sampled estimate and the candidate capacity (v3's fallbacks), ties, small k / rows
+        GpuCase("pairs", 16, 8192, 512, "random"), GpuCase("pairs", 2, 32768, 2048),
+        GpuCase("pairs", 1, 131072, 2048, "random", "bf16"),
         GpuCase("sampled", 2, 65536, 2048), GpuCase("unsampled", 2, 65536, 2048),
         GpuCase("unsampled", 1, 32768, 2048), GpuCase("sampled", 1, 40000, 4096, mode="sorted"),
         GpuCase("ties50", 2, 131072, 2048), GpuCase("ties50", 2, 20000, 512, "random", mode="sorted_index"),
