@@ -38,7 +38,9 @@ Top-k algorithm (one CTA of 1024 threads per row), exact and deterministic:
   indices and a block scan of their word popcounts give each winner its ascending-index lane
   (taken before + min(ties before, kk)); over the row, the ordered pass stops once all k lanes are found.
   Rows of at most one tile skip the list: their keys stay in registers through the passes and the
-  ordered pass. v3's radix digits are 12 bits (4096 bins).
+  ordered pass. v3's radix digits are 12 bits (4096 bins); once the threshold bin holds at most 32
+  keys (list or registers), one warp gathers them and finds the kk-th largest with its multiplicity
+  instead of further passes.
 * Lanes [min(k, end), k) get the fills; `end` is clamped to [0, n] in the kernel so a bad `end` can
   never read outside the row (the value check runs under TILELANG_OPS_DEBUG=1).
 """
