@@ -232,6 +232,7 @@ def make_end(kind: str, b: int, n: int, k: int, device="cpu", seed=1) -> torch.T
 
 TWIN_CASES = [TwinCase(d, 3, 300, 17, "random") for d in DISTS] + [
     TwinCase("few", 4, 257, 64, "random", "bf16", "any"),
+    TwinCase("pairs", 4, 301, 33, "random"),  # ties of two: the lower index wins within each pair
     TwinCase("special", 4, 129, 200, "short", "bf16", "sorted_index"),
     TwinCase("randn", 2, 50, 1, "full"),
     TwinCase("equal", 2, 50, 50, "full", mode="any"),
