@@ -6,7 +6,8 @@ Compute can profile just our kernels:
 
 Cases reuse the benchmark inputs (benchmarks/bench_*.py). PROFILE_LINEINFO=1 compiles the kernels with
 ``-lineinfo`` (use a fresh TILELANG_CACHE_DIR) so ``ncu --page source`` maps stalls to source lines, and
-writes each profiled kernel's CUDA source to $PROFILE_SRC_DIR (default .) as ``<case>.cu``."""
+at the end writes the CUDA source of every kernel the run compiled to $PROFILE_SRC_DIR (default .) as
+``<factory>.<i>.cu``."""
 
 from __future__ import annotations
 
@@ -72,15 +73,29 @@ CASES = {
 }
 
 
-def _lineinfo() -> None:
-    """Every kernel factory of the package compiles with -lineinfo (before its first compile)."""
+def _factories():
+    """(name, factory) of every kernel factory (``@tilelang.jit``) in the profiled modules."""
     import importlib
 
     for mod in ("kv_store", "topk", "compress_store", "compress"):
-        m = importlib.import_module(f"tilelang_ops.{mod}")
-        for obj in vars(m).values():
+        for name, obj in vars(importlib.import_module(f"tilelang_ops.{mod}")).items():
             if hasattr(obj, "compile_flags") and hasattr(obj, "get_tir"):
-                obj.compile_flags = ["-lineinfo"]
+                yield name, obj
+
+
+def _lineinfo() -> None:
+    """Every kernel factory compiles with -lineinfo (set before its first compile)."""
+    for _, factory in _factories():
+        factory.compile_flags = ["-lineinfo"]
+
+
+def _dump_sources() -> None:
+    """The CUDA source of every kernel compiled in this process (the factories' JIT caches)."""
+    out = os.environ.get("PROFILE_SRC_DIR", ".")
+    for name, factory in _factories():
+        for i, kern in enumerate(factory._kernel_cache.values()):
+            with open(os.path.join(out, f"{name}.{i}.cu"), "w") as f:
+                f.write(kern.get_kernel_source())
 
 
 def main(names: list[str]) -> None:
@@ -95,23 +110,10 @@ def main(names: list[str]) -> None:
             fn()
         torch.cuda.synchronize()
         print(f"profiled {name}", flush=True)
-        if lineinfo:
-            _dump_sources(name)
         del fn
         torch.cuda.empty_cache()
-
-
-def _dump_sources(name: str) -> None:
-    """The CUDA source of every kernel compiled so far in this process (JIT caches of the factories)."""
-    import importlib
-
-    out = os.environ.get("PROFILE_SRC_DIR", ".")
-    for mod in ("kv_store", "topk", "compress_store"):
-        m = importlib.import_module(f"tilelang_ops.{mod}")
-        for fname, obj in vars(m).items():
-            for i, kern in enumerate(getattr(obj, "_kernel_cache", {}).values()):
-                with open(os.path.join(out, f"{name.replace(':', '_')}.{fname}.{i}.cu"), "w") as f:
-                    f.write(kern.get_kernel_source())
+    if lineinfo:
+        _dump_sources()
 
 
 if __name__ == "__main__":
