@@ -38,9 +38,9 @@ Top-k algorithm (one CTA of 1024 threads per row), exact and deterministic:
   indices and a block scan of their word popcounts give each winner its ascending-index lane
   (taken before + min(ties before, kk)); over the row, the ordered pass stops once all k lanes are found.
   Rows of at most one tile skip the list: their keys stay in registers through the passes and the
-  ordered pass. v3's radix digits are 12 bits (4096 bins); once the threshold bin holds at most 32
-  keys (list or registers), one warp gathers them and finds the kk-th largest with its multiplicity
-  instead of further passes.
+  ordered pass. v3's radix digits are 12 bits (4096 bins); once the threshold bin holds at most 256
+  keys (list or registers), they are gathered and each is ranked against all (one warp per 32 keys) to
+  find the kk-th largest with its multiplicity, instead of further passes.
 * Lanes [min(k, end), k) get the fills; `end` is clamped to [0, n] in the kernel so a bad `end` can
   never read outside the row (the value check runs under TILELANG_OPS_DEBUG=1).
 """
@@ -104,6 +104,43 @@ def _lin_warp(it, u, tx):
     return it * TILE + (tx // 32) * (UNROLL * 32) + u * 32 + tx % 32
 
 
+def _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fill, mode, cand_bs, block_c,
+                 nc, mb):
+    """The output-lane macros both top-k factories share: `fills` writes the fill values to the lanes
+    [min(e, k), k) of a row, `emit` gives lane `pos` row entry `oi` (the mode's index transform and the
+    value copy)."""
+
+    @T.macro
+    def fills(values, indices, row, tx, k, e):
+        for it in T.serial(T.ceildiv(k, THREADS)):
+            ln = it * THREADS + tx
+            if ln < k and ln >= T.min(e, k):
+                indices[row, ln] = T.Cast(idx_dtype, idx_fill)
+                if with_values:
+                    values[row, ln] = T.Cast(in_dtype, val_fill)
+
+    @T.macro
+    def emit(scores, offset, cand, table, values, indices, row, base, pos, oi):
+        jj = T.alloc_var("int64")
+        jj = T.Cast("int64", oi)
+        if mode == "slots":
+            if cand_bs > 0:
+                blk = cand[row, T.min(oi // cand_bs, nc - 1)]
+                jj = T.if_then_else(T.Or(blk < 0, oi // cand_bs >= nc), T.int64(-1),
+                                    T.Cast("int64", blk) * cand_bs + oi % cand_bs)
+            if jj >= 0:
+                tb = table[row, T.Cast("int32", T.min(jj // block_c, mb - 1))]
+                jj = T.if_then_else(T.Or(tb < 0, jj // block_c >= mb), T.int64(-1),
+                                    T.Cast("int64", tb) * block_c + jj % block_c)
+        elif with_offset:
+            jj = jj + T.Cast("int64", offset[row])
+        indices[row, pos] = T.Cast(idx_dtype, jj)
+        if with_values:
+            values[row, pos] = scores[base + oi]
+
+    return fills, emit
+
+
 _TORCH_TO_TL = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.int32: "int32",
                 torch.int64: "int64"}
 
@@ -122,6 +159,8 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
     total = T.dynamic("total", "int64")  # flat scores storage: (b - 1) * ld + n elements
     b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
     nc, mb = T.dynamic("nc, mb")
+    fills, emit = _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fill, mode,
+                               cand_bs, block_c, nc, mb)
     cache = max(cache_cap, 1)
     use_cand = cache_cap == 0  # candidate list (compacted keys >= a sampled threshold bound): uncached rows
     n_cand = CAND if use_cand else 1
@@ -188,7 +227,6 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             d_before = T.alloc_var("int32")
             t_before = T.alloc_var("int32")
             pos = T.alloc_var("int32")
-            j = T.alloc_var("int64")
             oi = T.alloc_var("int32")
             spec = T.alloc_var("int32")  # 1 while pass 0 also compacts the keys >= lo_est
             spec_n = T.alloc_var("int32")  # exact count of keys >= lo_est seen so far
@@ -209,12 +247,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             ne = e
 
             # fills for the lanes beyond the valid count
-            for it in T.serial(T.ceildiv(k, THREADS)):
-                ln = it * THREADS + tx
-                if ln < k and ln >= T.min(e, k):
-                    indices[row, ln] = T.Cast(idx_dtype, idx_fill)
-                    if with_values:
-                        values[row, ln] = T.Cast(in_dtype, val_fill)
+            fills(values, indices, row, tx, k, e)
 
             spec = 0
             spec_n = 0
@@ -506,23 +539,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                             if use_cand:
                                 if src == 2:
                                     oi = s_ci[i]
-                            j = T.Cast("int64", oi)
-                            if mode == "slots":
-                                if cand_bs > 0:
-                                    blk = cand[row, T.min(oi // cand_bs, nc - 1)]
-                                    j = T.if_then_else(
-                                        T.Or(blk < 0, oi // cand_bs >= nc), T.int64(-1),
-                                        T.Cast("int64", blk) * cand_bs + oi % cand_bs)
-                                if j >= 0:
-                                    tb = table[row, T.Cast("int32", T.min(j // block_c, mb - 1))]
-                                    j = T.if_then_else(
-                                        T.Or(tb < 0, j // block_c >= mb), T.int64(-1),
-                                        T.Cast("int64", tb) * block_c + j % block_c)
-                            elif with_offset:
-                                j = j + T.Cast("int64", offset[row])
-                            indices[row, pos] = T.Cast(idx_dtype, j)
-                            if with_values:
-                                values[row, pos] = scores[base + oi]
+                            emit(scores, offset, cand, table, values, indices, row, base, pos, oi)
                     run_def = run_def + (wtot & 0xFFFF)
                     run_tie = run_tie + (wtot >> 16)
 
@@ -558,6 +575,10 @@ V3_ROUNDS = PASSES + 2  # first compaction, <= 3 radix passes, at most one fallb
 V3_BITS = 12  # radix digit of v3's passes (v1: RADIX_BITS); 2^32 -> 2^20 -> 2^8 -> 1 keys
 V3_NB = 1 << V3_BITS
 V3_BPT = V3_NB // THREADS  # histogram bins per thread in the clear and the scan
+# A threshold bin of at most this many keys is ranked directly (every key against every other, one warp
+# per 32 keys) instead of by more radix passes: ~0.3 us against ~2 us for a pass over a one-tile row.
+V3_RES = 256
+V3_RES_STEP = 4  # keys compared per step of the rank loop (the gather pads to a multiple with key 0)
 
 
 def _v3_cand_cap(cache_cap: int) -> int:
@@ -609,25 +630,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
     def raw(scores, i):
         return _f32_bits(scores[i])
 
-    @T.macro
-    def emit(scores, offset, cand, table, values, indices, row, base, pos, oi):
-        """Lane `pos` of the output gets row entry `oi` (index transform of the mode, value copy)."""
-        jj = T.alloc_var("int64")
-        jj = T.Cast("int64", oi)
-        if mode == "slots":
-            if cand_bs > 0:
-                blk = cand[row, T.min(oi // cand_bs, nc - 1)]
-                jj = T.if_then_else(T.Or(blk < 0, oi // cand_bs >= nc), T.int64(-1),
-                                    T.Cast("int64", blk) * cand_bs + oi % cand_bs)
-            if jj >= 0:
-                tb = table[row, T.Cast("int32", T.min(jj // block_c, mb - 1))]
-                jj = T.if_then_else(T.Or(tb < 0, jj // block_c >= mb), T.int64(-1),
-                                    T.Cast("int64", tb) * block_c + jj % block_c)
-        elif with_offset:
-            jj = jj + T.Cast("int64", offset[row])
-        indices[row, pos] = T.Cast(idx_dtype, jj)
-        if with_values:
-            values[row, pos] = scores[base + oi]
+    fills, emit = _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fill, mode,
+                               cand_bs, block_c, nc, mb)
 
     @T.prim_func
     def kernel(
@@ -649,7 +653,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             s_hist = T.alloc_shared([V3_NB], "int32")  # radix histogram; in the final rank: word prefixes
             s_scan = T.alloc_shared([2, WARPS], "int32")
             s_sel = T.alloc_shared([4], "int32")
-            s_small = T.alloc_shared([32], "uint32")  # the <= 32 keys of a small threshold bin
+            s_small = T.alloc_shared([V3_RES], "uint32")  # the <= V3_RES keys of a small threshold bin
             s_mm = T.alloc_shared([2, WARPS], "uint32")  # per-warp min / max
             s_cnt = T.alloc_shared([1], "int32")  # candidate counter
             s_ck = T.alloc_shared([cap], "uint32")  # candidate keys (any order)
@@ -666,7 +670,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             src = T.alloc_var("int32")  # where keys come from: 0 the row, 2 the candidates, 3 registers
             ne = T.alloc_var("int32")
             cnt = T.alloc_var("int32")
-            resolve = T.alloc_var("int32")  # 1: the next round ranks the <= 32 keys of [lo, hi] in one warp
+            resolve = T.alloc_var("int32")  # 1: the next round ranks the <= V3_RES keys of [lo, hi] directly
             compact = T.alloc_var("int32")  # 1: compact keys >= thr (sampled bound), 2: >= lo (fallback)
             thr = T.alloc_var("uint32")
             m = T.alloc_var("int32")
@@ -703,6 +707,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             xf = T.alloc_var("float32")
             wd = T.alloc_var("uint32")
             wt = T.alloc_var("uint32")
+            nd = T.alloc_var("uint32")
 
             base = T.Cast("int64", row) * ld
             lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)  # lanes below mine
@@ -722,12 +727,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             thr = ZERO  # rows up to `cap` entries: every entry is a candidate
 
             # fills for the lanes beyond the valid count
-            for it in T.serial(T.ceildiv(k, THREADS)):
-                ln = it * THREADS + tx
-                if ln < k and ln >= T.min(e, k):
-                    indices[row, ln] = T.Cast(idx_dtype, idx_fill)
-                    if with_values:
-                        values[row, ln] = T.Cast(in_dtype, val_fill)
+            fills(values, indices, row, tx, k, e)
             if take_all != 0:
                 # every valid entry is taken: lane i holds entry i (ascending index)
                 for q in T.serial(T.ceildiv(e, THREADS)):
@@ -819,20 +819,27 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             for _rnd in T.serial(V3_ROUNDS):
                 if compact != 0:
                     # One read of the row: the keys >= thr (key, index) in any order, counted exactly
-                    # (slots beyond `cap` are not written), with their min and max. The test is a float
-                    # compare, exact: key(x) >= thr <=> x >= tf or x is NaN, with tf the float of the
-                    # smallest key >= thr (-inf below the -inf key; NaN above the +inf key, where only
-                    # NaN qualifies). Per strip only a ballot (kept in inl[]); the warp's candidates of
-                    # a tile get their slots from one counter add, and only strips with a candidate
-                    # store (warp-uniform branches), raw bits: a pass over the list after the loop
-                    # turns them into keys and takes [min, max] (the loop keys only what overflows),
-                    # which costs one list entry per thread instead of a key and a min / max per strip.
+                    # (slots beyond `cap` are not written), with their min and max. The test is one
+                    # float compare, exact: key(x) >= thr <=> not (x < tf) (true for NaN), with tf the
+                    # float of the smallest key >= thr (-inf below the -inf key); the ballot collects
+                    # the complement (x < tf: TVM would turn not (x < tf) into tf <= x, false for NaN),
+                    # and the LOP3s that use it invert it for free. Above the +inf key
+                    # (only NaN qualifies) tf is +inf, so the +inf entries come too: a superset, which
+                    # is safe for the sampled bound (compact 1: the list is then the keys >= key(+inf),
+                    # and only its count and [min, max] are used); compact 2's lo never lies there (a
+                    # radix pass turns such an lo into the NaN key, which ends the search). Per strip
+                    # only a ballot (kept in inl[]); the warp's candidates of a tile get their slots
+                    # from one counter add, and only strips with a candidate store (warp-uniform
+                    # branches), raw bits: a pass over the list after the loop turns them into keys and
+                    # takes [min, max] (the loop keys only what overflows), which costs one list entry
+                    # per thread instead of a key and a min / max per strip. When a tile's candidates
+                    # all fit (always but near the capacity) the stores are predicated, no branches.
                     if tx == 0:
                         s_cnt[0] = 0
                     kmin = KEY_MAX
                     kmax = ZERO
                     wd = T.if_then_else(thr >= T.uint32(0x80000000),
-                                        T.if_then_else(thr > T.uint32(0xFF800000), T.uint32(0x7FC00000),
+                                        T.if_then_else(thr > T.uint32(0xFF800000), T.uint32(0x7F800000),
                                                        thr & T.uint32(0x7FFFFFFF)),
                                         T.if_then_else(thr < T.uint32(0x007FFFFF), NEG_INF_BITS, ~thr))
                     tf = T.reinterpret(wd, "float32")
@@ -855,35 +862,45 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         if (it + 1) * TILE <= e:
                             for u in T.unroll(UNROLL):
                                 xf = T.reinterpret(kb[u], "float32")
-                                inl[u] = T.ballot_sync(T.Or(xf >= tf, T.isnan(xf)))
-                                wsum = wsum + T.Cast("int32", T.popcount(T.Cast("uint32", inl[u])))
+                                inl[u] = T.ballot_sync(xf < tf)
+                                wsum = wsum + (32 - T.Cast("int32", T.popcount(T.Cast("uint32", inl[u]))))
                         else:
                             for u in T.unroll(UNROLL):
                                 i = _lin_warp(it, u, tx)
                                 xf = T.reinterpret(kb[u], "float32")
-                                inl[u] = T.ballot_sync(T.And(i < e, T.Or(xf >= tf, T.isnan(xf))))
-                                wsum = wsum + T.Cast("int32", T.popcount(T.Cast("uint32", inl[u])))
+                                inl[u] = T.ballot_sync(T.Or(i >= e, xf < tf))
+                                wsum = wsum + (32 - T.Cast("int32", T.popcount(T.Cast("uint32", inl[u]))))
                         if wsum != 0:  # warp-uniform: one counter add per warp and tile
                             if lane == 0:
                                 # plain CUDA atomicAdd: a shared-memory ATOMS (tilelang's AtomicAddRet
                                 # goes through a device-scope atomic_ref: a generic ATOM)
                                 slot = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[0]), wsum)
                             slot = T.shfl_sync(slot, 0)
-                            for u in T.unroll(UNROLL):
-                                dm = T.Cast("uint32", inl[u])
-                                if dm != ZERO:  # warp-uniform
-                                    if ((dm >> T.Cast("uint32", lane)) & T.uint32(1)) != ZERO:
-                                        # the raw bits go to the list (keyed after the loop, with the
-                                        # list's min / max); only a key beyond `cap` is keyed here
-                                        pos = slot + T.Cast("int32", T.popcount(dm & lt))
-                                        if pos < cap:
+                            if slot + wsum <= cap:  # warp-uniform: no overflow check per entry
+                                for u in T.unroll(UNROLL):
+                                    nd = T.Cast("uint32", inl[u])  # the lanes that are not candidates
+                                    if nd != KEY_MAX:  # warp-uniform
+                                        pos = slot + T.Cast("int32", T.popcount(~nd & lt))
+                                        if (~nd & (lt + T.uint32(1))) != ZERO:
                                             s_ck[pos] = kb[u]
                                             s_ci[pos] = _lin_warp(it, u, tx)
-                                        else:
-                                            kx = _key(kb[u])
-                                            kmin = T.min(kmin, kx)
-                                            kmax = T.max(kmax, kx)
-                                    slot = slot + T.Cast("int32", T.popcount(dm))
+                                        slot = slot + (32 - T.Cast("int32", T.popcount(nd)))
+                            else:
+                                for u in T.unroll(UNROLL):
+                                    dm = ~T.Cast("uint32", inl[u])
+                                    if dm != ZERO:  # warp-uniform
+                                        if ((dm >> T.Cast("uint32", lane)) & T.uint32(1)) != ZERO:
+                                            # the raw bits go to the list (keyed after the loop, with the
+                                            # list's min / max); only a key beyond `cap` is keyed here
+                                            pos = slot + T.Cast("int32", T.popcount(dm & lt))
+                                            if pos < cap:
+                                                s_ck[pos] = kb[u]
+                                                s_ci[pos] = _lin_warp(it, u, tx)
+                                            else:
+                                                kx = _key(kb[u])
+                                                kmin = T.min(kmin, kx)
+                                                kmax = T.max(kmax, kx)
+                                        slot = slot + T.Cast("int32", T.popcount(dm))
                     T.sync_threads()
                     m = s_cnt[0]
                     # the stored raw bits become keys; [min, max] over them and the overflow keys
@@ -917,17 +934,20 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     compact = 0
                     T.sync_threads()  # s_cnt / s_mm are rewritten next
                 elif resolve != 0:
-                    # The threshold bin holds at most 32 keys (all of [lo, hi]; keys from registers or the
-                    # list): gather them and let one warp find the kk-th largest with its multiplicity,
-                    # instead of more radix passes. Then [lo, hi] is that one key and kk counts its ties.
+                    # The threshold bin holds at most V3_RES keys (all of [lo, hi]; keys from registers or the
+                    # list): gather them (zero-padded: key 0 is below every real key) and rank each against
+                    # all (one warp per 32 keys) for the kk-th largest with its multiplicity, instead of
+                    # more radix passes. Then [lo, hi] is that one key and kk counts its ties.
                     if tx == 0:
                         s_cnt[0] = 0
+                    if tx < V3_RES:
+                        s_small[tx] = ZERO
                     T.sync_threads()
                     if src == 3:
                         for u in T.unroll(UNROLL):
                             if T.And(kb[u] >= lo, kb[u] <= hi):
                                 slot = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[0]), 1)
-                                if slot < 32:  # always (exactly cnt keys are in [lo, hi]); never past the end
+                                if slot < V3_RES:  # always (cnt keys are in range): a bounds guard
                                     s_small[slot] = kb[u]
                     else:
                         for q in T.serial(T.ceildiv(ne, THREADS)):
@@ -935,18 +955,19 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                 kx = s_ck[q * THREADS + tx]
                                 if T.And(kx >= lo, kx <= hi):
                                     slot = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[0]), 1)
-                                    if slot < 32:
+                                    if slot < V3_RES:
                                         s_small[slot] = kx
                     T.sync_threads()
-                    if warp == 0:
-                        kx = T.if_then_else(lane < cnt, s_small[lane], ZERO)  # 0: below every real key
+                    if warp * 32 < cnt:  # warp-uniform
+                        kx = s_small[warp * 32 + lane]  # 0 past cnt
                         c = 0  # keys above mine
                         tmp = 0  # keys at or above mine
-                        for j in T.unroll(32):
-                            b0 = T.shfl_sync(kx, j)
-                            c = c + T.if_then_else(b0 > kx, 1, 0)
-                            tmp = tmp + T.if_then_else(b0 >= kx, 1, 0)
-                        if T.And(lane < cnt, T.And(c < kk, kk <= tmp)):  # ties all write the same
+                        for j in T.serial(T.ceildiv(cnt, V3_RES_STEP)):
+                            for t in T.unroll(V3_RES_STEP):
+                                b0 = s_small[j * V3_RES_STEP + t]
+                                c = c + T.if_then_else(b0 > kx, 1, 0)
+                                tmp = tmp + T.if_then_else(b0 >= kx, 1, 0)
+                        if T.And(kx != ZERO, T.And(c < kk, kk <= tmp)):  # ties all write the same
                             s_sel[0] = T.Cast("int32", kx)
                             s_sel[1] = kk - c
                     T.sync_threads()
@@ -1033,6 +1054,9 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     hi = T.Cast("uint32", T.min(T.Cast("uint64", hi), hi_bin))  # 64-bit: no wrap-around
                     lo = T.max(lo_bin, kmin)
                     hi = T.min(hi, kmax)
+                    # above the +inf key only the NaN key exists: such an lo is that key (then lo == hi and
+                    # the search ends), so compact 2's float filter never needs a threshold above +inf
+                    lo = T.if_then_else(lo > T.uint32(0xFF800000), KEY_MAX, lo)
                     kk = s_sel[1]
                     cnt = s_sel[2]
                     if T.Or(cnt == kk, lo == hi):
@@ -1040,8 +1064,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     if T.And(T.And(done == 0, src == 0), k - kk + cnt <= cap):
                         compact = 2  # the keys >= lo fit: compact them, later passes use the list
                         thr = lo
-                    if T.And(T.And(done == 0, src != 0), cnt <= 32):
-                        resolve = 1  # [lo, hi] holds exactly cnt keys: one warp ranks them next
+                    if T.And(T.And(done == 0, src != 0), cnt <= V3_RES):
+                        resolve = 1  # [lo, hi] holds exactly cnt keys: they are ranked directly next
                     T.sync_threads()  # s_hist / s_sel / s_scan / s_mm are rewritten next
 
             if take_all == 0:
