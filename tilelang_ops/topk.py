@@ -717,7 +717,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             take_all = T.if_then_else(e <= k, 1, 0)
             done = take_all
             kk = k
-            lo = ZERO
+            lo = T.uint32(1)  # real keys are >= 0x007FFFFF: key 0 (ZERO) marks "no entry", never in range
             hi = KEY_MAX
             src = 0
             ne = e
@@ -1002,15 +1002,13 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                 i = _lin_warp(it + 1, u, tx)
                                 kn[u] = T.if_then_else(i < ne, raw(scores, base + i), ZERO)
                             for u in T.unroll(UNROLL):
-                                kb[u] = _key(kb[u])
+                                kb[u] = T.if_then_else(_lin_warp(it, u, tx) < ne, _key(kb[u]), ZERO)
+                        # entries past the end hold key 0, below lo: no bounds check, and no branches
                         for u in T.unroll(UNROLL):
-                            i = _lin_warp(it, u, tx)
-                            bv = NO_BIN
-                            if i < ne:
-                                if T.And(kb[u] >= lo, kb[u] <= hi):
-                                    bv = (kb[u] - lo) >> T.Cast("uint32", sh)
-                                    kmin = T.min(kmin, kb[u])
-                                    kmax = T.max(kmax, kb[u])
+                            bv = T.if_then_else(T.And(kb[u] >= lo, kb[u] <= hi),
+                                                (kb[u] - lo) >> T.Cast("uint32", sh), NO_BIN)
+                            kmin = T.min(kmin, T.if_then_else(bv != NO_BIN, kb[u], KEY_MAX))
+                            kmax = T.max(kmax, T.if_then_else(bv != NO_BIN, kb[u], ZERO))
                             b0 = T.shfl_sync(bv, 0)
                             if T.all_sync(bv == b0) != 0:
                                 if T.And(lane == 0, b0 != NO_BIN):
@@ -1149,17 +1147,11 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                     i = _lin_warp(it + 1, u, tx)
                                     kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
                                 for u in T.unroll(UNROLL):
-                                    kb[u] = _key(kb[u])
+                                    kb[u] = T.if_then_else(_lin_warp(it, u, tx) < e, _key(kb[u]), ZERO)
                             wsum = 0
                             for u in T.unroll(UNROLL):
-                                i = _lin_warp(it, u, tx)
-                                kx = kb[u]
-                                cv = 0
-                                if i < e:
-                                    if kx > hi:
-                                        cv = 1
-                                    elif kx >= lo:
-                                        cv = TIE
+                                kx = kb[u]  # key 0 past the end: below lo
+                                cv = T.if_then_else(kx > hi, 1, T.if_then_else(kx >= lo, TIE, 0))
                                 dm = T.Cast("uint32", T.ballot_sync(cv == 1))
                                 tm = T.Cast("uint32", T.ballot_sync(cv == TIE))
                                 inl[u] = (wsum + T.Cast("int32", T.popcount(dm & lt))
