@@ -34,7 +34,7 @@ Top-k algorithm (one CTA of 1024 threads per row), exact and deterministic:
   with their [min, max]. With >= k of them the threshold lies in [min, max] (nothing is above max), so
   all-equal and few-distinct rows are done at once (min == max). The radix passes then run on the list
   (<= CAND keys) or, when it overflowed or the bound was too high, on the row (compacting once the keys
-  >= lo fit). Final lanes: over the list, per window of 65536 indices, bitmaps of the taken and tied
+  >= lo fit). Final lanes: over the list, per window of 131072 indices, bitmaps of the taken and tied
   indices and a block scan of their word popcounts give each winner its ascending-index lane
   (taken before + min(ties before, kk)); over the row, the ordered pass stops once all k lanes are found.
   Rows of at most one tile skip the list: their keys stay in registers through the passes and the
@@ -570,11 +570,14 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # Also dropped: reading the compaction's first tile into registers together with the sample (so its
 # latency passes during the sample's histogram): GPU-tested, but slower (us, randn: b128n131072 42.2 ->
 # 43.1, b64n32768 21.2 -> 21.9, b1n65536 24.1 -> 24.8, v1 peers unchanged).
-V3_BMW = 2048  # bitmap words per class (taken / tie): ranks are computed over windows of 65536 indices
+# Bitmap words per class (taken / tie): ranks are computed over windows of 131072 indices (32 KiB of
+# bitmaps, word prefixes in s_hist, which has as many entries), so rows up to 131072 take one window.
+V3_BMW = 4096
 V3_ROUNDS = PASSES + 2  # first compaction, <= 3 radix passes, at most one fallback compaction
 V3_BITS = 12  # radix digit of v3's passes (v1: RADIX_BITS); 2^32 -> 2^20 -> 2^8 -> 1 keys
 V3_NB = 1 << V3_BITS
 V3_BPT = V3_NB // THREADS  # histogram bins per thread in the clear and the scan
+assert V3_BMW <= V3_NB, "the rank's word prefixes live in s_hist"
 # A threshold bin of at most this many keys is ranked directly (every key against every other, one warp
 # per 32 keys) instead of by more radix passes: ~0.3 us against ~2 us for a pass over a one-tile row.
 V3_RES = 256
