@@ -636,6 +636,24 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
     fills, emit = _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fill, mode,
                                cand_bs, block_c, nc, mb)
 
+    @T.macro
+    def hist_key(kb, j, mm, lo, hi, sh, s_hist, lane):
+        """Radix-pass histogram add of one key kb[j] per lane (all lanes call it: it votes): bin
+        (kb[j] - lo) >> sh when kb[j] is in [lo, hi] (one add of 32 when the whole warp hits one bin), and
+        mm = [min, max] of those keys. Key 0 (no entry) is below lo. (The key comes as a buffer element:
+        TVM's bound solver fails on a uint32 scalar argument inside these conditions.)"""
+        bv = T.alloc_var("uint32")
+        b0 = T.alloc_var("uint32")
+        bv = T.if_then_else(T.And(kb[j] >= lo, kb[j] <= hi), (kb[j] - lo) >> T.Cast("uint32", sh), NO_BIN)
+        mm[0] = T.min(mm[0], T.if_then_else(bv != NO_BIN, kb[j], KEY_MAX))
+        mm[1] = T.max(mm[1], T.if_then_else(bv != NO_BIN, kb[j], ZERO))
+        b0 = T.shfl_sync(bv, 0)
+        if T.all_sync(bv == b0) != 0:
+            if T.And(lane == 0, b0 != NO_BIN):
+                T.atomic_add(s_hist[T.Cast("int32", b0)], 32)
+        elif bv != NO_BIN:
+            T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
+
     @T.prim_func
     def kernel(
         scores: T.Tensor((total,), in_dtype),  # [b, n] rows at stride ld, flattened
@@ -665,6 +683,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             kb = T.alloc_local([UNROLL], "uint32")
             kn = T.alloc_local([UNROLL], "uint32")  # raw bits of the next tile (loads in flight)
             inl = T.alloc_local([UNROLL], "int32")
+            mm = T.alloc_local([2], "uint32")  # [min, max] of a radix pass's keys in range
 
             e = T.alloc_var("int32")
             kk = T.alloc_var("int32")  # lanes still to find among the keys in [lo, hi]
@@ -986,38 +1005,34 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     sh = T.max(0, (32 - V3_BITS) - T.Cast("int32", T.clz(hi - lo)))
                     for q in T.unroll(V3_BPT):
                         s_hist[q * THREADS + tx] = 0
-                    kmin = KEY_MAX
-                    kmax = ZERO
+                    mm[0] = KEY_MAX
+                    mm[1] = ZERO
                     T.sync_threads()
-                    if src == 0:
-                        for u in T.unroll(UNROLL):
-                            i = _lin_warp(0, u, tx)
-                            kn[u] = T.if_then_else(i < ne, raw(scores, base + i), ZERO)
-                    for it in T.serial(T.ceildiv(ne, TILE)):
-                        for u in T.unroll(UNROLL):
-                            i = _lin_warp(it, u, tx)
-                            if src == 2:
-                                kb[u] = T.if_then_else(i < ne, s_ck[i], ZERO)
-                            elif src == 0:
-                                kb[u] = kn[u]
+                    if src == 2:
+                        # the list: one key per thread and step over its ne entries only (a tile's
+                        # 8 strips per thread would mostly hold key 0: the list is ~1.3k keys long)
+                        for q in T.serial(T.ceildiv(ne, THREADS)):
+                            kb[0] = T.if_then_else(q * THREADS + tx < ne, s_ck[q * THREADS + tx], ZERO)
+                            hist_key(kb, 0, mm, lo, hi, sh, s_hist, lane)
+                    else:
                         if src == 0:
                             for u in T.unroll(UNROLL):
-                                i = _lin_warp(it + 1, u, tx)
+                                i = _lin_warp(0, u, tx)
                                 kn[u] = T.if_then_else(i < ne, raw(scores, base + i), ZERO)
+                        for it in T.serial(T.ceildiv(ne, TILE)):
+                            if src == 0:
+                                for u in T.unroll(UNROLL):
+                                    kb[u] = kn[u]
+                                for u in T.unroll(UNROLL):
+                                    i = _lin_warp(it + 1, u, tx)
+                                    kn[u] = T.if_then_else(i < ne, raw(scores, base + i), ZERO)
+                                for u in T.unroll(UNROLL):
+                                    kb[u] = T.if_then_else(_lin_warp(it, u, tx) < ne, _key(kb[u]), ZERO)
+                            # entries past the end hold key 0, below lo: no bounds check, no branches
                             for u in T.unroll(UNROLL):
-                                kb[u] = T.if_then_else(_lin_warp(it, u, tx) < ne, _key(kb[u]), ZERO)
-                        # entries past the end hold key 0, below lo: no bounds check, and no branches
-                        for u in T.unroll(UNROLL):
-                            bv = T.if_then_else(T.And(kb[u] >= lo, kb[u] <= hi),
-                                                (kb[u] - lo) >> T.Cast("uint32", sh), NO_BIN)
-                            kmin = T.min(kmin, T.if_then_else(bv != NO_BIN, kb[u], KEY_MAX))
-                            kmax = T.max(kmax, T.if_then_else(bv != NO_BIN, kb[u], ZERO))
-                            b0 = T.shfl_sync(bv, 0)
-                            if T.all_sync(bv == b0) != 0:
-                                if T.And(lane == 0, b0 != NO_BIN):
-                                    T.atomic_add(s_hist[T.Cast("int32", b0)], 32)
-                            elif bv != NO_BIN:
-                                T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
+                                hist_key(kb, u, mm, lo, hi, sh, s_hist, lane)
+                    kmin = mm[0]
+                    kmax = mm[1]
                     T.sync_threads()
                     # thread t owns bins V3_NB-1-V3_BPT*t-j, j < V3_BPT; scan in descending bin order
                     c = 0
