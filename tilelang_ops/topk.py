@@ -547,22 +547,22 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 
 
 # ----------------------------------------------------------------------------------------------------
-# Variant "v3": its own factory (safe-memory legalization off: every global index is bounded by the
-# clamped `end` or by k), same contract and key as v1. Cheaper on-chip work than v1: a warp whose lanes
-# all hit one bin adds 32 once, else every lane adds 1 (no match_any_sync); a warp owns UNROLL * 32
-# consecutive entries of a tile (`_lin_warp`; still one coalesced 128 B load per instruction), so an
-# ordered scan needs one count per warp and one cross-warp scan per tile instead of one per strip; row
-# reads are software-pipelined (tile it + 1 in flight while tile it is processed); the lane class rides
-# in the rank register (no spills); the sample is 256 runs of 32 spread evenly over the row (sorted or
-# otherwise structured rows also get a useful bound). What changes in the algorithm (see the module
-# docstring): unordered candidate compaction (one shared counter, warp-aggregated adds, no block scans or
-# barriers per tile), [lo, hi] taken straight from the candidates' [min, max] (all-equal / few-distinct
-# rows finish without a radix pass), a final rank by index over the short list through index bitmaps,
-# an early exit of the ordered pass over the row, and no row cache. Rows of one tile (e <= TILE) keep
-# their keys in registers (src 3): radix passes and the ordered pass run on them, no list or bitmaps.
-# Radix passes use 12-bit digits (V3_NB bins), so a list spanning up to 2^24 keys takes two passes; the
-# compaction read has no bounds checks on full tiles; the key is branch-free; warp reductions (min /
-# max / sums of packed counts) are single REDUX instructions.
+# Variant "v3": its own factory (safe-memory legalization off: every global index is bounded by the clamped
+# `end` or by k), same contract and key as v1. Cheaper on-chip work than v1: a warp whose lanes all hit one
+# bin adds 32 once, else every lane adds 1 (no match_any_sync); a warp owns UNROLL * 32 consecutive entries
+# of a tile (`_lin_warp`; still one coalesced 128 B load per instruction), so an ordered scan needs one
+# count per warp and one cross-warp scan per tile instead of one per strip; row reads are software-pipelined
+# (tile it + 1 in flight while tile it is processed); the lane class rides in the rank register (no spills);
+# the sample is 256 runs of 32 (64 in the 32768 tier) spread evenly over the row (sorted or otherwise
+# structured rows also get a useful bound). What changes in the algorithm (see the module docstring):
+# unordered candidate compaction (one shared counter, warp-aggregated adds, no block scans or barriers per
+# tile), [lo, hi] taken straight from the candidates' [min, max] (all-equal / few-distinct rows finish
+# without a radix pass), a final rank by index over the short list through index bitmaps, an early exit of
+# the ordered pass over the row, and no row cache. Rows of one tile (e <= TILE) keep their keys in registers
+# (src 3): radix passes and the ordered pass run on them, no list or bitmaps. Radix passes use 12-bit digits
+# (V3_NB bins), so a list spanning up to 2^24 keys takes two passes; the compaction read has no bounds
+# checks on full tiles; the key is branch-free; warp reductions (min / max / sums of packed counts) are
+# single REDUX instructions.
 # Tried on the H200 and dropped: an L2 prefetch (prefetch.global.L2, one line per lane) of the row P tiles
 # ahead of the compaction read, the first P tiles before the sample; randn, us for P = 0 / 2 / 4 / 8:
 # b128n131072 46.0 / 49.0 / 49.5 / 53.5, b64n32768 22.7 / 23.6 / 24.1 / 24.1, b1n65536 26.9 / 27.9 /
@@ -573,6 +573,9 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # Bitmap words per class (taken / tie): ranks are computed over windows of 131072 indices (32 KiB of
 # bitmaps, word prefixes in s_hist, which has as many entries), so rows up to 131072 take one window.
 V3_BMW = 4096
+# Sample runs of 32 per thread for rows of the 32768 tier (2048 entries, 1/16 to 1/4 of the row: its count
+# above the estimate still has ~4 sd of margin at kt ~ 1.25x + 16); uncached rows keep UNROLL (8192).
+V3_SAMPLE_SHORT = 2
 V3_ROUNDS = PASSES + 2  # first compaction, <= 3 radix passes, at most one fallback compaction
 V3_BITS = 12  # radix digit of v3's passes (v1: RADIX_BITS); 2^32 -> 2^20 -> 2^8 -> 1 keys
 V3_NB = 1 << V3_BITS
@@ -622,6 +625,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
     b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
     nc, mb = T.dynamic("nc, mb")
     cap = _v3_cand_cap(cache_cap)  # candidate slots
+    su = UNROLL if cache_cap == 0 else V3_SAMPLE_SHORT  # sample runs of 32 entries per thread
+    ssz = THREADS * su  # sample size
     bmw = V3_BMW if cache_cap == 0 else cache_cap // 32  # bitmap words per class: the row tiers need one
     win = bmw * 32  # indices per rank window
     wpt = max(1, bmw // THREADS)  # bitmap words per thread in the rank scan
@@ -783,14 +788,14 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 T.sync_threads()  # s_mm is rewritten by the first pass
 
             if T.And(take_all == 0, T.And(src == 0, e > cap)):
-                # Longer rows: a lower bound thr of the threshold from a sample (256 runs of 32 spread
-                # over the row): the bin of its kt-th largest key, kt ~ 1.25x the expected winners. Used
-                # only if exactly counted k <= count (then every winner is >= thr).
-                for u in T.unroll(UNROLL):
-                    kb[u] = _key(raw(scores, base + (warp * UNROLL + u) * (e // (WARPS * UNROLL)) + lane))
+                # Longer rows: a lower bound thr of the threshold from a sample (WARPS * su runs of 32
+                # spread over the row): the bin of its kt-th largest key, kt ~ 1.25x the expected winners.
+                # Used only if exactly counted k <= count (then every winner is >= thr).
+                for u in T.unroll(su):
+                    kb[u] = _key(raw(scores, base + (warp * su + u) * (e // (WARPS * su)) + lane))
                 kmin = KEY_MAX
                 kmax = ZERO
-                for u in T.unroll(UNROLL):
+                for u in T.unroll(su):
                     kmin = T.min(kmin, kb[u])
                     kmax = T.max(kmax, kb[u])
                 kmin = _warp_min(kmin)
@@ -808,7 +813,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 thr = kmin
                 if kmin != kmax:
                     sh = T.max(0, 21 - T.Cast("int32", T.clz(kmax - kmin)))
-                    for u in T.unroll(UNROLL):
+                    for u in T.unroll(su):
                         bv = (kb[u] - kmin) >> T.Cast("uint32", sh)
                         b0 = T.shfl_sync(bv, 0)
                         if T.all_sync(bv == b0) != 0:
@@ -817,7 +822,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         else:
                             T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
                     T.sync_threads()
-                    kt = T.min(TILE, (k * TILE) // e + (k * TILE) // e // 4 + 64)
+                    kt = T.min(ssz, (k * ssz) // e + (k * ssz) // e // 4 + 64 * ssz // TILE)
                     h_hi = s_hist[BINS - 1 - 2 * tx]
                     c = h_hi + s_hist[BINS - 2 - 2 * tx]
                     incl = c
