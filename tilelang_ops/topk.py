@@ -642,6 +642,22 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                cand_bs, block_c, nc, mb)
 
     @T.macro
+    def load_tile(scores, kn, base, it, lim, tx):
+        """kn = the raw bits of tile `it` of the row (0 at and past `lim`): the loads of a pipelined read."""
+        for u in T.unroll(UNROLL):
+            kn[u] = T.if_then_else(_lin_warp(it, u, tx) < lim, raw(scores, base + _lin_warp(it, u, tx)), ZERO)
+
+    @T.macro
+    def next_keys(scores, kb, kn, base, it, lim, tx):
+        """Pipelined read of the row: kb = the keys of tile `it` (its bits, loaded one step earlier, into
+        kn; key 0 at and past `lim`), and the loads of tile it + 1 go into kn."""
+        for u in T.unroll(UNROLL):
+            kb[u] = kn[u]
+        load_tile(scores, kn, base, it + 1, lim, tx)
+        for u in T.unroll(UNROLL):
+            kb[u] = T.if_then_else(_lin_warp(it, u, tx) < lim, _key(kb[u]), ZERO)
+
+    @T.macro
     def hist_key(kb, j, mm, lo, hi, sh, s_hist, lane):
         """Radix-pass histogram add of one key kb[j] per lane (all lanes call it: it votes): bin
         (kb[j] - lo) >> sh when kb[j] is in [lo, hi] (one add of 32 when the whole warp hits one bin), and
@@ -871,9 +887,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                         T.if_then_else(thr < T.uint32(0x007FFFFF), NEG_INF_BITS, ~thr))
                     tf = T.reinterpret(wd, "float32")
                     T.sync_threads()
-                    for u in T.unroll(UNROLL):
-                        i = _lin_warp(0, u, tx)
-                        kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
+                    load_tile(scores, kn, base, 0, e, tx)
                     for it in T.serial(T.ceildiv(e, TILE)):
                         for u in T.unroll(UNROLL):
                             kb[u] = kn[u]
@@ -1021,18 +1035,10 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             hist_key(kb, 0, mm, lo, hi, sh, s_hist, lane)
                     else:
                         if src == 0:
-                            for u in T.unroll(UNROLL):
-                                i = _lin_warp(0, u, tx)
-                                kn[u] = T.if_then_else(i < ne, raw(scores, base + i), ZERO)
+                            load_tile(scores, kn, base, 0, ne, tx)
                         for it in T.serial(T.ceildiv(ne, TILE)):
                             if src == 0:
-                                for u in T.unroll(UNROLL):
-                                    kb[u] = kn[u]
-                                for u in T.unroll(UNROLL):
-                                    i = _lin_warp(it + 1, u, tx)
-                                    kn[u] = T.if_then_else(i < ne, raw(scores, base + i), ZERO)
-                                for u in T.unroll(UNROLL):
-                                    kb[u] = T.if_then_else(_lin_warp(it, u, tx) < ne, _key(kb[u]), ZERO)
+                                next_keys(scores, kb, kn, base, it, ne, tx)
                             # entries past the end hold key 0, below lo: no bounds check, no branches
                             for u in T.unroll(UNROLL):
                                 hist_key(kb, u, mm, lo, hi, sh, s_hist, lane)
@@ -1158,19 +1164,11 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     run_def = 0
                     run_tie = 0
                     if src == 0:
-                        for u in T.unroll(UNROLL):
-                            i = _lin_warp(0, u, tx)
-                            kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
+                        load_tile(scores, kn, base, 0, e, tx)
                     for it in T.serial(T.ceildiv(e, TILE)):
                         if T.Or(run_def < k - kk, run_tie < kk):
                             if src == 0:  # else (src 3) the one tile's keys are in kb already
-                                for u in T.unroll(UNROLL):
-                                    kb[u] = kn[u]
-                                for u in T.unroll(UNROLL):
-                                    i = _lin_warp(it + 1, u, tx)
-                                    kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
-                                for u in T.unroll(UNROLL):
-                                    kb[u] = T.if_then_else(_lin_warp(it, u, tx) < e, _key(kb[u]), ZERO)
+                                next_keys(scores, kb, kn, base, it, e, tx)
                             wsum = 0
                             for u in T.unroll(UNROLL):
                                 kx = kb[u]  # key 0 past the end: below lo
