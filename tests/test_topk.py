@@ -124,6 +124,22 @@ def test_signed_zero_key_folds():
     assert (keys[1:] > keys[:-1]).all() and int(keys[-1]) == 0xFFFFFFFF and int(keys.min()) > 0
 
 
+def test_key_floor_leaves_key_zero_free():
+    # topk v3 marks "no entry" (past the end) with key 0 and starts its search range at key 1: every real
+    # score, NaN and -inf included, must key at least 0x007FFFFF (the key of -inf). Every bf16 bit pattern,
+    # and fp32 extremes plus random bit patterns.
+    bf = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    f32 = torch.cat([torch.randint(-(1 << 31), (1 << 31) - 1, (1 << 20,), generator=g, dtype=torch.int64),
+                     torch.tensor([0x7F800000, 0xFF800000, 0xFF7FFFFF, 0x80000001, 0xFFFFFFFF, 0x7FFFFFFF,
+                                   0xFF800001, 0x80000000, 0])]).to(torch.int64)
+    f32 = torch.where(f32 >= 1 << 31, f32 - (1 << 32), f32).to(torch.int32).view(torch.float32)
+    for x in (bf, f32):
+        keys = order_key(x)
+        assert int(keys.min()) == 0x007FFFFF == int(order_key(torch.tensor([-INF])))
+        assert int(keys.max()) == 0xFFFFFFFF
+
+
 def test_end_shorter_than_k_and_zero_fills():
     x = torch.tensor([[5.0, 4.0, 3.0, 2.0], [1.0, 2.0, 3.0, 4.0], [9.0, 9.0, 9.0, 9.0]])
     end = torch.tensor([2, 0, 4], dtype=torch.int32)
