@@ -618,7 +618,7 @@ VARIANT_CASES = [
     GpuCase("special", 16, 8192, 1000, "random", "bf16"),
     GpuCase("ties50", 16, 8192, 300, "random", mode="sorted_index"),
     GpuCase("ascending", 8, 8192, 4095, "random", mode="sorted"),
-    # v3 ranks a threshold bin of <= 32 keys in one warp: ties of two inside it (registers, list, bf16)
+    # v3 ranks a threshold bin of <= 256 keys directly (V3_RES): ties of two inside it (registers, list, bf16)
     GpuCase("pairs", 16, 8192, 512, "random"),
     GpuCase("pairs", 8, 32768, 2048),
     GpuCase("pairs", 4, 131072, 2048, "random", "bf16"),

@@ -74,12 +74,7 @@ WARPS = 4  # prefill warps per CTA
 PREFILL_ROWS_PER_WARP = 4  # amortizes the request search over a few rows
 DECODE_WARPS = 4  # decode warps (query tokens) per CTA
 F4 = 4  # FP32 elements per 16-byte vector access
-# Launch paths per operation: one fast kernel each (the default) plus "v1", the first fused kernel, verified
-# bitwise against the two-kernel pipeline on the H200 and kept as the tests' and benchmark's baseline.
-# Prefill "v2": software-pipelined rows per warp, one expf per channel for r = 2, int32 ring entries.
-# Decode "v3": a CTA's gated means in the compress kernel's layout (4 channels per thread) into shared
-# memory, then one warp per token runs the store macro. A v3 prefill and a v2 decode kernel were removed
-# after the H200 comparison (v3 prefill slower, v2 decode slower at b64q6 / b4096q6; bench_results/h200.txt).
+# Launch paths per operation (the module docstring's "Variants" says what each is and which were removed)
 VARIANTS = {"prefill": ("v1", "v2"), "decode": ("v1", "v3")}
 VARIANT = {"prefill": "v2", "decode": "v3"}
 V2_WARPS = 4  # v2 prefill warps per CTA
