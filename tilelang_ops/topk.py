@@ -573,9 +573,17 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # Bitmap words per class (taken / tie): ranks are computed over windows of 131072 indices (32 KiB of
 # bitmaps, word prefixes in s_hist, which has as many entries), so rows up to 131072 take one window.
 V3_BMW = 4096
-# Sample runs of 32 per thread for rows of the 32768 tier (2048 entries, 1/16 to 1/4 of the row: its count
-# above the estimate still has ~4 sd of margin at kt ~ 1.25x + 16); uncached rows keep UNROLL (8192).
+# Sample runs of 32 per thread for rows of the 32768 tier (2048 entries, 1/16 to 1/4 of the row); uncached
+# rows keep UNROLL (8192).
 V3_SAMPLE_SHORT = 2
+# The sampled bound thr is the lower edge of the V3_NB-bin histogram bin of the sample's kt-th largest key,
+# kt = mu + V3_SAMPLE_SD * sqrt(mu) + V3_SAMPLE_PAD with mu = k * sample / row the expected sample count
+# above the threshold (binomial sd ~ sqrt(mu)): the row's keys >= thr number fewer than k (then the radix
+# passes read the row: slower, still exact) with probability ~3e-6 on i.i.d. scores. Fewer candidates mean
+# fewer compaction stores and a shorter list: randn 128 x 131072, k = 2048, goes from ~4.8k candidates
+# (the former kt = 1.25 mu + 64, over 2048 bins: ~8 sd) to ~3.5k (a numpy model of the sample and its bins).
+V3_SAMPLE_SD = 4.5
+V3_SAMPLE_PAD = 8
 V3_ROUNDS = PASSES + 2  # first compaction, <= 3 radix passes, at most one fallback compaction
 V3_BITS = 12  # radix digit of v3's passes (v1: RADIX_BITS); 2^32 -> 2^20 -> 2^8 -> 1 keys
 V3_NB = 1 << V3_BITS
@@ -675,6 +683,37 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
         elif bv != NO_BIN:
             T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
 
+    @T.macro
+    def select_bin(rank, s_hist, s_scan, s_sel, tx, lane, warp):
+        """After a histogram (a barrier ago): the bin holding the rank-th largest key. Thread t owns bins
+        V3_NB-1-V3_BPT*t-j, j < V3_BPT, a block scan runs in descending bin order, and the owner writes
+        s_sel = [bin, rank - keys in the bins above it, keys in it] (read after the caller's barrier)."""
+        c = T.alloc_var("int32")
+        incl = T.alloc_var("int32")
+        tmp = T.alloc_var("int32")
+        wpre = T.alloc_var("int32")
+        h = T.alloc_var("int32")
+        c = 0
+        for j in T.unroll(V3_BPT):
+            c = c + s_hist[V3_NB - 1 - V3_BPT * tx - j]
+        incl = c
+        for o in (1, 2, 4, 8, 16):
+            tmp = T.shfl_up(incl, o)
+            incl = incl + T.if_then_else(lane >= o, tmp, 0)
+        if lane == 31:
+            s_scan[0, warp] = incl
+        T.sync_threads()
+        tmp = T.if_then_else(lane < warp, s_scan[0, lane], 0)
+        tmp = _warp_sum(tmp)
+        wpre = tmp + incl - c  # keys in bins above my bins
+        for j in T.unroll(V3_BPT):
+            h = s_hist[V3_NB - 1 - V3_BPT * tx - j]
+            if wpre < rank and rank <= wpre + h:
+                s_sel[0] = V3_NB - 1 - V3_BPT * tx - j
+                s_sel[1] = rank - wpre
+                s_sel[2] = h
+            wpre = wpre + h
+
     @T.prim_func
     def kernel(
         scores: T.Tensor((total,), in_dtype),  # [b, n] rows at stride ld, flattened
@@ -723,7 +762,6 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             lo_bin = T.alloc_var("uint32")
             hi_bin = T.alloc_var("uint64")
             sh = T.alloc_var("int32")
-            bv = T.alloc_var("uint32")
             kmin = T.alloc_var("uint32")
             kmax = T.alloc_var("uint32")
             lt = T.alloc_var("uint32")
@@ -734,7 +772,6 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             tmp = T.alloc_var("int32")
             wpre = T.alloc_var("int32")
             wtot = T.alloc_var("int32")
-            h_hi = T.alloc_var("int32")
             run_def = T.alloc_var("int32")
             run_tie = T.alloc_var("int32")
             d_before = T.alloc_var("int32")
@@ -819,7 +856,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 if lane == 0:
                     s_mm[0, warp] = kmin
                     s_mm[1, warp] = kmax
-                for q in T.serial(BINS // THREADS):
+                for q in T.unroll(V3_BPT):
                     s_hist[q * THREADS + tx] = 0
                 T.sync_threads()
                 kmin = s_mm[0, lane]
@@ -828,36 +865,20 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 kmax = _warp_max(kmax)
                 thr = kmin
                 if kmin != kmax:
-                    sh = T.max(0, 21 - T.Cast("int32", T.clz(kmax - kmin)))
+                    # the radix pass's bins (V3_NB over [kmin, kmax]; every sample key is in range)
+                    sh = T.max(0, (32 - V3_BITS) - T.Cast("int32", T.clz(kmax - kmin)))
+                    mm[0] = KEY_MAX  # (not used: every sample key is in range)
+                    mm[1] = ZERO
                     for u in T.unroll(su):
-                        bv = (kb[u] - kmin) >> T.Cast("uint32", sh)
-                        b0 = T.shfl_sync(bv, 0)
-                        if T.all_sync(bv == b0) != 0:
-                            if lane == 0:
-                                T.atomic_add(s_hist[T.Cast("int32", b0)], 32)
-                        else:
-                            T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
+                        hist_key(kb, u, mm, kmin, kmax, sh, s_hist, lane)
                     T.sync_threads()
-                    kt = T.min(ssz, (k * ssz) // e + (k * ssz) // e // 4 + 64 * ssz // TILE)
-                    h_hi = s_hist[BINS - 1 - 2 * tx]
-                    c = h_hi + s_hist[BINS - 2 - 2 * tx]
-                    incl = c
-                    for o in (1, 2, 4, 8, 16):
-                        tmp = T.shfl_up(incl, o)
-                        incl = incl + T.if_then_else(lane >= o, tmp, 0)
-                    if lane == 31:
-                        s_scan[0, warp] = incl
-                    T.sync_threads()
-                    tmp = T.if_then_else(lane < warp, s_scan[0, lane], 0)
-                    tmp = _warp_sum(tmp)
-                    wpre = tmp + incl - c
-                    if wpre < kt and kt <= wpre + h_hi:
-                        s_sel[0] = BINS - 1 - 2 * tx
-                    if wpre + h_hi < kt and kt <= wpre + c:
-                        s_sel[0] = BINS - 2 - 2 * tx
+                    kt = (k * ssz) // e  # the expected sample count above the threshold, plus the margin
+                    kt = T.min(ssz, kt + T.Cast("int32", T.sqrt(T.Cast("float32", kt)) * V3_SAMPLE_SD)
+                               + V3_SAMPLE_PAD)
+                    select_bin(kt, s_hist, s_scan, s_sel, tx, lane, warp)
                     T.sync_threads()
                     thr = kmin + (T.Cast("uint32", s_sel[0]) << T.Cast("uint32", sh))
-                T.sync_threads()  # s_mm / s_scan / s_sel are reused
+                T.sync_threads()  # s_mm / s_scan / s_sel / s_hist are reused
 
             for _rnd in T.serial(V3_ROUNDS):
                 if compact != 0:
@@ -1042,39 +1063,15 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             # entries past the end hold key 0, below lo: no bounds check, no branches
                             for u in T.unroll(UNROLL):
                                 hist_key(kb, u, mm, lo, hi, sh, s_hist, lane)
-                    kmin = mm[0]
-                    kmax = mm[1]
-                    T.sync_threads()
-                    # thread t owns bins V3_NB-1-V3_BPT*t-j, j < V3_BPT; scan in descending bin order
-                    c = 0
-                    for j in T.unroll(V3_BPT):
-                        c = c + s_hist[V3_NB - 1 - V3_BPT * tx - j]
-                    incl = c
-                    for o in (1, 2, 4, 8, 16):
-                        tmp = T.shfl_up(incl, o)
-                        incl = incl + T.if_then_else(lane >= o, tmp, 0)
-                    if lane == 31:
-                        s_scan[0, warp] = incl
-                    kmin = _warp_min(kmin)
-                    kmax = _warp_max(kmax)
+                    kmin = _warp_min(mm[0])
+                    kmax = _warp_max(mm[1])
                     if lane == 0:
                         s_mm[0, warp] = kmin
                         s_mm[1, warp] = kmax
                     T.sync_threads()
-                    tmp = T.if_then_else(lane < warp, s_scan[0, lane], 0)
-                    kmin = s_mm[0, lane]
-                    kmax = s_mm[1, lane]
-                    tmp = _warp_sum(tmp)
-                    kmin = _warp_min(kmin)
-                    kmax = _warp_max(kmax)
-                    wpre = tmp + incl - c  # keys in bins above my bins
-                    for j in T.unroll(V3_BPT):
-                        h_hi = s_hist[V3_NB - 1 - V3_BPT * tx - j]
-                        if wpre < kk and kk <= wpre + h_hi:
-                            s_sel[0] = V3_NB - 1 - V3_BPT * tx - j
-                            s_sel[1] = kk - wpre
-                            s_sel[2] = h_hi
-                        wpre = wpre + h_hi
+                    select_bin(kk, s_hist, s_scan, s_sel, tx, lane, warp)  # its barrier also publishes s_mm
+                    kmin = _warp_min(s_mm[0, lane])
+                    kmax = _warp_max(s_mm[1, lane])
                     T.sync_threads()
                     lo_bin = lo + (T.Cast("uint32", s_sel[0]) << T.Cast("uint32", sh))
                     hi_bin = T.Cast("uint64", lo_bin) + ((T.uint64(1) << T.Cast("uint64", sh)) - T.uint64(1))
