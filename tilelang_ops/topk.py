@@ -684,28 +684,35 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
 
     @T.macro
+    def warp_scan(c, incl, s_scan, lane, warp):
+        """incl[0] = the warp's inclusive prefix sum of the int32 c; the last lane publishes the warp's
+        total to s_scan[0, warp] (read after a barrier)."""
+        tmp = T.alloc_var("int32")
+        incl[0] = c
+        for o in (1, 2, 4, 8, 16):
+            tmp = T.shfl_up(incl[0], o)
+            incl[0] = incl[0] + T.if_then_else(lane >= o, tmp, 0)
+        if lane == 31:
+            s_scan[0, warp] = incl[0]
+
+    @T.macro
     def select_bin(rank, s_hist, s_scan, s_sel, tx, lane, warp):
         """After a histogram (a barrier ago): the bin holding the rank-th largest key. Thread t owns bins
         V3_NB-1-V3_BPT*t-j, j < V3_BPT, a block scan runs in descending bin order, and the owner writes
         s_sel = [bin, rank - keys in the bins above it, keys in it] (read after the caller's barrier)."""
         c = T.alloc_var("int32")
-        incl = T.alloc_var("int32")
+        incl = T.alloc_local([1], "int32")
         tmp = T.alloc_var("int32")
         wpre = T.alloc_var("int32")
         h = T.alloc_var("int32")
         c = 0
         for j in T.unroll(V3_BPT):
             c = c + s_hist[V3_NB - 1 - V3_BPT * tx - j]
-        incl = c
-        for o in (1, 2, 4, 8, 16):
-            tmp = T.shfl_up(incl, o)
-            incl = incl + T.if_then_else(lane >= o, tmp, 0)
-        if lane == 31:
-            s_scan[0, warp] = incl
+        warp_scan(c, incl, s_scan, lane, warp)
         T.sync_threads()
         tmp = T.if_then_else(lane < warp, s_scan[0, lane], 0)
         tmp = _warp_sum(tmp)
-        wpre = tmp + incl - c  # keys in bins above my bins
+        wpre = tmp + incl[0] - c  # keys in bins above my bins
         for j in T.unroll(V3_BPT):
             h = s_hist[V3_NB - 1 - V3_BPT * tx - j]
             if wpre < rank and rank <= wpre + h:
@@ -768,7 +775,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             dm = T.alloc_var("uint32")
             tm = T.alloc_var("uint32")
             c = T.alloc_var("int32")
-            incl = T.alloc_var("int32")
+            incl = T.alloc_local([1], "int32")  # a warp_scan result
             tmp = T.alloc_var("int32")
             wpre = T.alloc_var("int32")
             wtot = T.alloc_var("int32")
@@ -1119,18 +1126,13 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             if tx * wpt + x < bmw:
                                 c = c + (T.Cast("int32", T.popcount(s_bm[tx * wpt + x]))
                                          + T.Cast("int32", T.popcount(s_bm[bmw + tx * wpt + x])) * TIE)
-                        incl = c
-                        for o in (1, 2, 4, 8, 16):
-                            tmp = T.shfl_up(incl, o)
-                            incl = incl + T.if_then_else(lane >= o, tmp, 0)
-                        if lane == 31:
-                            s_scan[0, warp] = incl
+                        warp_scan(c, incl, s_scan, lane, warp)
                         T.sync_threads()
                         wtot = s_scan[0, lane]
                         tmp = T.if_then_else(lane < warp, wtot, 0)
                         tmp = _warp_sum(tmp)
                         wtot = _warp_sum(wtot)
-                        wpre = run_def + tmp + incl - c  # packed counts before my first word
+                        wpre = run_def + tmp + incl[0] - c  # packed counts before my first word
                         for x in T.unroll(wpt):
                             if tx * wpt + x < bmw:
                                 s_hist[tx * wpt + x] = wpre
