@@ -696,6 +696,24 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             s_scan[0, warp] = incl[0]
 
     @T.macro
+    def publish_min_max(kmin, kmax, s_mm, lane, warp):
+        """Block [min, max], first half: the warp's min of kmin and max of kmax go to s_mm[:, warp]
+        (gather_min_max reads them after a barrier)."""
+        a = T.alloc_var("uint32")
+        z = T.alloc_var("uint32")
+        a = _warp_min(kmin)
+        z = _warp_max(kmax)
+        if lane == 0:
+            s_mm[0, warp] = a
+            s_mm[1, warp] = z
+
+    @T.macro
+    def gather_min_max(mm, s_mm, lane):
+        """Block [min, max], second half (a barrier after publish_min_max): mm = [min, max] over the warps."""
+        mm[0] = _warp_min(s_mm[0, lane])
+        mm[1] = _warp_max(s_mm[1, lane])
+
+    @T.macro
     def select_bin(rank, s_hist, s_scan, s_sel, tx, lane, warp):
         """After a histogram (a barrier ago): the bin holding the rank-th largest key. Thread t owns bins
         V3_NB-1-V3_BPT*t-j, j < V3_BPT, a block scan runs in descending bin order, and the owner writes
@@ -834,14 +852,11 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 for u in T.unroll(UNROLL):
                     kmin = T.min(kmin, T.if_then_else(kb[u] == ZERO, KEY_MAX, kb[u]))
                     kmax = T.max(kmax, kb[u])
-                kmin = _warp_min(kmin)
-                kmax = _warp_max(kmax)
-                if lane == 0:
-                    s_mm[0, warp] = kmin
-                    s_mm[1, warp] = kmax
+                publish_min_max(kmin, kmax, s_mm, lane, warp)
                 T.sync_threads()
-                lo = _warp_min(s_mm[0, lane])
-                hi = _warp_max(s_mm[1, lane])
+                gather_min_max(mm, s_mm, lane)
+                lo = mm[0]
+                hi = mm[1]
                 done = T.if_then_else(lo == hi, 1, 0)
                 src = 3
                 compact = 0
@@ -858,18 +873,13 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 for u in T.unroll(su):
                     kmin = T.min(kmin, kb[u])
                     kmax = T.max(kmax, kb[u])
-                kmin = _warp_min(kmin)
-                kmax = _warp_max(kmax)
-                if lane == 0:
-                    s_mm[0, warp] = kmin
-                    s_mm[1, warp] = kmax
+                publish_min_max(kmin, kmax, s_mm, lane, warp)
                 for q in T.unroll(V3_BPT):
                     s_hist[q * THREADS + tx] = 0
                 T.sync_threads()
-                kmin = s_mm[0, lane]
-                kmax = s_mm[1, lane]
-                kmin = _warp_min(kmin)
-                kmax = _warp_max(kmax)
+                gather_min_max(mm, s_mm, lane)
+                kmin = mm[0]
+                kmax = mm[1]
                 thr = kmin
                 if kmin != kmax:
                     # the radix pass's bins (V3_NB over [kmin, kmax]; every sample key is in range)
@@ -979,16 +989,11 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             s_ck[q * THREADS + tx] = kx
                             kmin = T.min(kmin, kx)
                             kmax = T.max(kmax, kx)
-                    kmin = _warp_min(kmin)
-                    kmax = _warp_max(kmax)
-                    if lane == 0:
-                        s_mm[0, warp] = kmin
-                        s_mm[1, warp] = kmax
+                    publish_min_max(kmin, kmax, s_mm, lane, warp)
                     T.sync_threads()
-                    kmin = s_mm[0, lane]
-                    kmax = s_mm[1, lane]
-                    kmin = _warp_min(kmin)
-                    kmax = _warp_max(kmax)
+                    gather_min_max(mm, s_mm, lane)
+                    kmin = mm[0]
+                    kmax = mm[1]
                     if compact == 2:
                         src = 2  # the keys >= lo: m == k - kk + cnt <= cap, checked before
                         ne = m
@@ -1070,15 +1075,12 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             # entries past the end hold key 0, below lo: no bounds check, no branches
                             for u in T.unroll(UNROLL):
                                 hist_key(kb, u, mm, lo, hi, sh, s_hist, lane)
-                    kmin = _warp_min(mm[0])
-                    kmax = _warp_max(mm[1])
-                    if lane == 0:
-                        s_mm[0, warp] = kmin
-                        s_mm[1, warp] = kmax
+                    publish_min_max(mm[0], mm[1], s_mm, lane, warp)
                     T.sync_threads()
-                    select_bin(kk, s_hist, s_scan, s_sel, tx, lane, warp)  # its barrier also publishes s_mm
-                    kmin = _warp_min(s_mm[0, lane])
-                    kmax = _warp_max(s_mm[1, lane])
+                    select_bin(kk, s_hist, s_scan, s_sel, tx, lane, warp)
+                    gather_min_max(mm, s_mm, lane)
+                    kmin = mm[0]
+                    kmax = mm[1]
                     T.sync_threads()
                     lo_bin = lo + (T.Cast("uint32", s_sel[0]) << T.Cast("uint32", sh))
                     hi_bin = T.Cast("uint64", lo_bin) + ((T.uint64(1) << T.Cast("uint64", sh)) - T.uint64(1))
