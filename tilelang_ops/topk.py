@@ -1044,10 +1044,12 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         if T.And(kx != ZERO, T.And(c < kk, kk <= tmp)):  # ties all write the same
                             s_sel[0] = T.Cast("int32", kx)
                             s_sel[1] = kk - c
+                            s_sel[2] = tmp - c  # its multiplicity
                     T.sync_threads()
                     lo = T.Cast("uint32", s_sel[0])
                     hi = lo
                     kk = s_sel[1]
+                    cnt = s_sel[2]
                     done = 1
                     resolve = 0
                     T.sync_threads()  # s_sel / s_cnt are free again
@@ -1160,28 +1162,37 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         T.sync_threads()  # s_bm / s_hist / s_scan are rewritten by the next window
                 else:
                     # ordered pass over the row: keys above hi, and the first kk keys in [lo, hi]; it
-                    # stops once all k lanes are found (tie-heavy rows: usually after the first tile)
+                    # stops once all k lanes are found (tie-heavy rows: usually after the first tile).
+                    # When every key in [lo, hi] is taken (cnt == kk: the usual case, a threshold key
+                    # without ties to cut), the winners are the keys >= lo: one ballot per strip.
                     lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)
                     run_def = 0
                     run_tie = 0
                     if src == 0:
                         load_tile(scores, kn, base, 0, e, tx)
                     for it in T.serial(T.ceildiv(e, TILE)):
-                        if T.Or(run_def < k - kk, run_tie < kk):
+                        if run_def + T.min(run_tie, kk) < k:  # lanes found so far (run_def <= k - kk)
                             if src == 0:  # else (src 3) the one tile's keys are in kb already
                                 next_keys(scores, kb, kn, base, it, e, tx)
                             wsum = 0
-                            for u in T.unroll(UNROLL):
-                                kx = kb[u]  # key 0 past the end: below lo
-                                cv = T.if_then_else(kx > hi, 1, T.if_then_else(kx >= lo, TIE, 0))
-                                dm = T.Cast("uint32", T.ballot_sync(cv == 1))
-                                tm = T.Cast("uint32", T.ballot_sync(cv == TIE))
-                                inl[u] = (wsum + T.Cast("int32", T.popcount(dm & lt))
-                                          + T.Cast("int32", T.popcount(tm & lt)) * TIE
-                                          + T.if_then_else(cv == 1, CLS_TAKE, 0)
-                                          + T.if_then_else(cv == TIE, CLS_TIE, 0))
-                                wsum = (wsum + T.Cast("int32", T.popcount(dm))
-                                        + T.Cast("int32", T.popcount(tm)) * TIE)
+                            if cnt == kk:  # uniform: taken iff key >= lo, all counted as taken for sure
+                                for u in T.unroll(UNROLL):
+                                    dm = T.Cast("uint32", T.ballot_sync(kb[u] >= lo))  # key 0: below lo
+                                    inl[u] = (wsum + T.Cast("int32", T.popcount(dm & lt))
+                                              + T.if_then_else(kb[u] >= lo, CLS_TAKE, 0))
+                                    wsum = wsum + T.Cast("int32", T.popcount(dm))
+                            else:
+                                for u in T.unroll(UNROLL):
+                                    kx = kb[u]  # key 0 past the end: below lo
+                                    cv = T.if_then_else(kx > hi, 1, T.if_then_else(kx >= lo, TIE, 0))
+                                    dm = T.Cast("uint32", T.ballot_sync(cv == 1))
+                                    tm = T.Cast("uint32", T.ballot_sync(cv == TIE))
+                                    inl[u] = (wsum + T.Cast("int32", T.popcount(dm & lt))
+                                              + T.Cast("int32", T.popcount(tm & lt)) * TIE
+                                              + T.if_then_else(cv == 1, CLS_TAKE, 0)
+                                              + T.if_then_else(cv == TIE, CLS_TIE, 0))
+                                    wsum = (wsum + T.Cast("int32", T.popcount(dm))
+                                            + T.Cast("int32", T.popcount(tm)) * TIE)
                             for u in T.unroll(UNROLL):
                                 kb[u] = ZERO  # src 3 has one tile: kb is not live across the emits
                             if lane == 0:
