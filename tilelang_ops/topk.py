@@ -581,7 +581,7 @@ V3_SAMPLE_SHORT = 2
 # above the threshold (binomial sd ~ sqrt(mu)): the row's keys >= thr number fewer than k (then the radix
 # passes read the row: slower, still exact) with probability ~3e-6 on i.i.d. scores. Fewer candidates mean
 # fewer compaction stores and a shorter list: randn 128 x 131072, k = 2048, goes from ~4.8k candidates
-# (the former kt = 1.25 mu + 64, over 2048 bins: ~8 sd) to ~3.5k (a numpy model of the sample and its bins).
+# (the former kt = 1.25 mu + 64, over 2048 bins: ~8 sd) to ~3.4k (a numpy model of the sample and its bins).
 V3_SAMPLE_SD = 4.5
 V3_SAMPLE_PAD = 8
 V3_ROUNDS = PASSES + 2  # first compaction, <= 3 radix passes, at most one fallback compaction
@@ -864,8 +864,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
 
             if T.And(take_all == 0, T.And(src == 0, e > cap)):
                 # Longer rows: a lower bound thr of the threshold from a sample (WARPS * su runs of 32
-                # spread over the row): the bin of its kt-th largest key, kt ~ 1.25x the expected winners.
-                # Used only if exactly counted k <= count (then every winner is >= thr).
+                # spread over the row): the bin of its kt-th largest key (kt: see V3_SAMPLE_SD). Used only
+                # if exactly counted k <= count (then every winner is >= thr).
                 for u in T.unroll(su):
                     kb[u] = _key(raw(scores, base + (warp * su + u) * (e // (WARPS * su)) + lane))
                 kmin = KEY_MAX
@@ -934,9 +934,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             for u in T.unroll(UNROLL):
                                 kn[u] = raw(scores, base + _lin_warp(it + 1, u, tx))
                         else:
-                            for u in T.unroll(UNROLL):
-                                i = _lin_warp(it + 1, u, tx)
-                                kn[u] = T.if_then_else(i < e, raw(scores, base + i), ZERO)
+                            load_tile(scores, kn, base, it + 1, e, tx)
                         wsum = 0
                         if (it + 1) * TILE <= e:
                             for u in T.unroll(UNROLL):
