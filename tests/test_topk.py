@@ -660,6 +660,80 @@ def test_gpu_topk_to_slots_variant(variant, monkeypatch):
     compare_bitwise(f"slots {variant}", got, want.reshape(b, k)).check()
 
 
+# v3 splits a sampled row (more entries than the candidate capacity) over a cluster of up to MAX_SPLIT CTAs
+# when b * split CTAs fit on the device. Each case runs with split 1, 2 and 4 (the wrapper's choice is
+# asserted, so a case that would not split fails instead of passing vacuously): shares of 1 to 64 tiles,
+# CTAs with no tile (3 tiles over 4 CTAs), lists that overflow the lead (equal, ties50), bounds that fail
+# (sampled, unsampled), every output option.
+SPLIT_CASES = [
+    GpuCase("randn", 7, 65536, 2048, "random"),
+    GpuCase("randn", 33, 9000, 512, "random"),  # 2 tiles
+    GpuCase("randn", 16, 20000, 4096, "random", mode="sorted"),  # 3 tiles
+    GpuCase("pairs", 8, 32768, 2048),
+    GpuCase("unsampled", 16, 32768, 2048),
+    GpuCase("sampled", 8, 65536, 2048),
+    GpuCase("unsampled", 8, 65536, 2048, "random"),
+    GpuCase("ascending", 4, 40000, 4096, mode="sorted"),
+    GpuCase("sorted", 4, 131072, 2048),
+    GpuCase("equal", 4, 131072, 2048),
+    GpuCase("ties50", 8, 131072, 2048),
+    GpuCase("conc", 4, 131072, 2048, "random"),
+    GpuCase("special", 3, 200000, 3000, "random", "bf16"),
+    GpuCase("few", 1, 1 << 20, 4096, "random", "bf16", "sorted_index"),
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("split", [1, 2, 4])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=case_id)
+def test_gpu_topk_split_exact(case, split, monkeypatch):
+    import tilelang_ops.topk as tk
+
+    monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
+    monkeypatch.setattr(tk, "MAX_SPLIT", split)
+    assert tk._launch_split(case.b, case.n, tk._cache_cap(case.n), torch.device("cuda")) == split
+    x, end, kw, (v, i) = _run_gpu_case(case, tk.topk)
+    rv, ri = topk_torch(x, case.k, **kw)
+    if case.mode == "any":
+        v, i = as_pairs_by_index(v, i)
+        rv, ri = as_pairs_by_index(rv, ri)
+    compare_bitwise(f"indices split {split}", i, ri).check()
+    compare_bitwise(f"values split {split}", v, rv).check()
+
+
+@requires_cuda
+@pytest.mark.parametrize("split", [1, 2])
+def test_gpu_topk_to_slots_split(split, monkeypatch):
+    import tilelang_ops.topk as tk
+
+    monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
+    monkeypatch.setattr(tk, "MAX_SPLIT", split)
+    b, n, k, bc, bs = 8, 30000, 2048, 64, 16
+    assert tk._launch_split(b, n, tk._cache_cap(n), torch.device("cuda")) == split
+    end = make_end("random", b, n, k, device="cuda")
+    x = poison_beyond_end(make_scores("randn", b, n, device="cuda"), end)
+    table = torch.randint(0, 100000, (b, 1000), dtype=torch.int32, device="cuda")
+    blocks = torch.stack([torch.randperm(1000 * bc // bs)[: n // bs] for _ in range(b)]).to(torch.int32)
+    blocks = blocks.cuda()
+    got = tk.topk_to_slots(x, k, end=end, candidate_blocks=blocks, candidate_block_size=bs, block_size_c=bc,
+                           block_tables=table)
+    _, idx = topk_torch(x, k, end=end)
+    restore_candidate_indices_ref_(idx, blocks, bs)
+    want = convert_kv_index_ref_(idx.reshape(b, 1, k), bc, end.clamp(max=k).reshape(b, 1), table)
+    compare_bitwise(f"slots split {split}", got, want.reshape(b, k)).check()
+
+
+def test_v3_split_choice():
+    from tilelang_ops.topk import CAND, MAX_CACHE, SMALL_CACHE, _v3_split
+
+    assert _v3_split(64, 32768, MAX_CACHE, 132) == 2  # the decode shape: 128 CTAs on 132 SMs
+    assert _v3_split(66, 65536, 0, 132) == 2 and _v3_split(67, 65536, 0, 132) == 1
+    assert _v3_split(128, 131072, 0, 132) == 1  # the rows already fill the device
+    assert _v3_split(1, CAND, MAX_CACHE, 132) == 1  # one tile: never sampled, never split
+    assert _v3_split(1, SMALL_CACHE, SMALL_CACHE, 132) == 1
+    assert _v3_split(1, CAND + 1, MAX_CACHE, 132) == 2
+
+
 def test_topk_variant_names():
     import tilelang_ops.topk as tk
 

@@ -595,6 +595,40 @@ V3_RES = 256
 V3_RES_STEP = 4  # keys compared per step of the rank loop (the gather pads to a multiple with key 0)
 
 
+# Rows of more than one candidate capacity may be split over a cluster of V3 CTAs ("split", a static argument
+# of topk_kernel_v3): every CTA draws the same sample (so all get the same bound thr without talking), each
+# compacts its share of the row's tiles into its own list, then the lists go to the lead CTA's shared memory
+# (DSMEM stores at the offsets of the counts before them) and the lead alone goes on as with one CTA. The
+# row's one read is then spread over S SMs; the wrapper splits only when b * S CTAs fit on the device at once.
+# The prelude's helpers: a CTA's shared address in CTA `rank` of the cluster (mapa), a 32-bit store / load
+# there, and the cluster barrier's halves (every thread of every CTA of the cluster arrives).
+CLUSTER_PRELUDE = """
+__device__ __forceinline__ unsigned tl_topk_cluster_addr(const void* p, unsigned rank) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ unsigned tl_topk_st_cluster(void* p, unsigned rank, unsigned v) {
+  asm volatile("st.shared::cluster.u32 [%0], %1;" :: "r"(tl_topk_cluster_addr(p, rank)), "r"(v) : "memory");
+  return 0u;
+}
+__device__ __forceinline__ unsigned tl_topk_ld_cluster(const void* p, unsigned rank) {
+  unsigned v;
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(tl_topk_cluster_addr(p, rank)) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned tl_topk_cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  return 0u;
+}
+__device__ __forceinline__ unsigned tl_topk_cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  return 0u;
+}
+"""
+MAX_SPLIT = 2  # CTAs per row at most (the wrapper's choice: see _v3_split)
+
+
 def _v3_cand_cap(cache_cap: int) -> int:
     """Candidate slots of v3 (rows up to this many entries are compacted whole, without a sample)."""
     return SMALL_CACHE if cache_cap == SMALL_CACHE else CAND
@@ -627,8 +661,9 @@ def _warp_sum(x):
 def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: str = "int32",
                    cache_cap: int = 0, with_values: bool = True, with_offset: bool = False,
                    idx_fill: int = -1, val_fill: float = float("-inf"), mode: str = "topk",
-                   cand_bs: int = 0, block_c: int = 1):
-    """Variant v3 of `topk_kernel` (same arguments but the variant; see VARIANTS)."""
+                   cand_bs: int = 0, block_c: int = 1, split: int = 1):
+    """Variant v3 of `topk_kernel` (same arguments but the variant, plus `split`: CTAs per row, a cluster
+    when > 1; see CLUSTER_PRELUDE)."""
     total = T.dynamic("total", "int64")  # flat scores storage: (b - 1) * ld + n elements
     b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
     nc, mb = T.dynamic("nc, mb")
@@ -641,6 +676,23 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
     ZERO, KEY_MAX, NO_BIN = T.uint32(0), T.uint32(0xFFFFFFFF), T.uint32(0xFFFFFFFF)
     NEG_INF_BITS = T.uint32(0xFF800000)
     TIE = 1 << 16  # packed counts: taken-for-sure in the low 16 bits, ties above
+    S = split
+    assert S in (1, 2, 4, 8), split
+
+    def lead_only(cond, rank):
+        """cond, and (split rows) this CTA is the row's lead (cluster rank 0), which alone writes outputs."""
+        return cond if S == 1 else T.And(cond, rank == 0)
+
+    def st_lead(ref, v):
+        """Store the uint32 v to the lead CTA's copy of the shared element ref (DSMEM)."""
+        return T.call_extern("uint32", "tl_topk_st_cluster", T.address_of(ref), 0, v)
+
+    def ld_lead(ref):
+        return T.call_extern("uint32", "tl_topk_ld_cluster", T.address_of(ref), 0)
+
+    def cluster(half):
+        """One half of the cluster barrier ("arrive" or "wait"), by every thread of every CTA."""
+        return T.call_extern("uint32", f"tl_topk_cluster_{half}")
     CLS_TAKE, CLS_TIE, CNT_MASK = 1 << 28, 1 << 29, (1 << 28) - 1
 
     def raw(scores, i):
@@ -752,7 +804,10 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
         ld: T.int64,
         has_end: T.int32,
     ):
-        with T.Kernel(b, threads=THREADS) as row:
+        with T.Kernel(b if S == 1 else b * S, threads=THREADS, prelude=CLUSTER_PRELUDE if S > 1 else None,
+                      cluster_dims=S if S > 1 else None) as bx:
+            row = bx if S == 1 else bx // S
+            rank = 0 if S == 1 else bx % S  # this CTA's rank in the row's cluster
             tx = T.get_thread_binding()
             lane = tx % 32
             warp = tx // 32
@@ -761,6 +816,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             s_sel = T.alloc_shared([4], "int32")
             s_small = T.alloc_shared([V3_RES], "uint32")  # the <= V3_RES keys of a small threshold bin
             s_mm = T.alloc_shared([2, WARPS], "uint32")  # per-warp min / max
+            if S > 1:
+                s_peer = T.alloc_shared([3, S], "uint32")  # the lead's: each CTA's list count, min, max
             s_cnt = T.alloc_shared([1], "int32")  # candidate counter
             s_ck = T.alloc_shared([cap], "uint32")  # candidate keys (any order)
             s_ci = T.alloc_shared([cap], "int32")  # their row indices
@@ -821,6 +878,17 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 e = T.max(T.min(end[row], n), 0)  # clamp: a bad end never reads outside the row
             take_all = T.if_then_else(e <= k, 1, 0)
             done = take_all
+            if S > 1:
+                # the row is split over the cluster when it is sampled (e > cap); else only the lead works
+                spl = T.alloc_var("int32")
+                c0 = T.alloc_var("int32")  # a compaction's first tile and end entry (see the compaction)
+                ce = T.alloc_var("int32")
+                spl = T.if_then_else(T.And(take_all == 0, e > cap), 1, 0)
+                done = T.if_then_else(rank == 0, take_all, 1)
+                if spl != 0:
+                    # first half of a cluster barrier: waited for before the first DSMEM store (every CTA
+                    # of the cluster has started by then)
+                    cluster("arrive")
             kk = k
             lo = T.uint32(1)  # real keys are >= 0x007FFFFF: key 0 (ZERO) marks "no entry", never in range
             hi = KEY_MAX
@@ -829,18 +897,21 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             resolve = 0
             cnt = 0
             compact = 1 - take_all
+            if S > 1:
+                compact = T.if_then_else(T.Or(rank == 0, spl != 0), 1 - take_all, 0)
             thr = ZERO  # rows up to `cap` entries: every entry is a candidate
 
             # fills for the lanes beyond the valid count
-            fills(values, indices, row, tx, k, e)
-            if take_all != 0:
+            if lead_only(True, rank):
+                fills(values, indices, row, tx, k, e)
+            if lead_only(take_all != 0, rank):
                 # every valid entry is taken: lane i holds entry i (ascending index)
                 for q in T.serial(T.ceildiv(e, THREADS)):
                     if q * THREADS + tx < e:
                         emit(scores, offset, cand, table, values, indices, row, base, q * THREADS + tx,
                              q * THREADS + tx)
 
-            if T.And(take_all == 0, e <= TILE):
+            if lead_only(T.And(take_all == 0, e <= TILE), rank):
                 # Short rows (one tile): the keys stay in registers (src 3; key 0, below every real
                 # key, past the end); the radix passes and the ordered pass run on them, so there is
                 # no candidate list, no bitmap rank and no second read.
@@ -924,19 +995,29 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                                        thr & T.uint32(0x7FFFFFFF)),
                                         T.if_then_else(thr < T.uint32(0x007FFFFF), NEG_INF_BITS, ~thr))
                     tf = T.reinterpret(wd, "float32")
+                    if S > 1:
+                        # this CTA's tiles [c0, ceil(ce / TILE)) of the row: its share when the row is split,
+                        # else (the fallback compaction, the lead alone) the whole row
+                        c0 = 0
+                        ce = e
+                        if T.And(spl != 0, compact == 1):
+                            c0 = rank * T.ceildiv(T.ceildiv(e, TILE), S)
+                            ce = T.min(e, (c0 + T.ceildiv(T.ceildiv(e, TILE), S)) * TILE)
+                    t_lo = 0 if S == 1 else c0  # the loop's first tile and its end entry
+                    t_end = e if S == 1 else ce
                     T.sync_threads()
-                    load_tile(scores, kn, base, 0, e, tx)
-                    for it in T.serial(T.ceildiv(e, TILE)):
+                    load_tile(scores, kn, base, t_lo, t_end, tx)
+                    for it in T.serial(t_lo, T.ceildiv(t_end, TILE)):
                         for u in T.unroll(UNROLL):
                             kb[u] = kn[u]
                         # full tiles (all but the last) need no bounds checks: uniform branches
-                        if (it + 2) * TILE <= e:
+                        if (it + 2) * TILE <= t_end:
                             for u in T.unroll(UNROLL):
                                 kn[u] = raw(scores, base + _lin_warp(it + 1, u, tx))
                         else:
-                            load_tile(scores, kn, base, it + 1, e, tx)
+                            load_tile(scores, kn, base, it + 1, t_end, tx)
                         wsum = 0
-                        if (it + 1) * TILE <= e:
+                        if (it + 1) * TILE <= t_end:
                             for u in T.unroll(UNROLL):
                                 xf = T.reinterpret(kb[u], "float32")
                                 inl[u] = T.ballot_sync(xf < tf)
@@ -945,7 +1026,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             for u in T.unroll(UNROLL):
                                 i = _lin_warp(it, u, tx)
                                 xf = T.reinterpret(kb[u], "float32")
-                                inl[u] = T.ballot_sync(T.Or(i >= e, xf < tf))
+                                inl[u] = T.ballot_sync(T.Or(i >= t_end, xf < tf))
                                 wsum = wsum + (32 - T.Cast("int32", T.popcount(T.Cast("uint32", inl[u]))))
                         if wsum != 0:  # warp-uniform: one counter add per warp and tile
                             if lane == 0:
@@ -992,6 +1073,36 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     gather_min_max(mm, s_mm, lane)
                     kmin = mm[0]
                     kmax = mm[1]
+                    if S > 1:
+                        if T.And(spl != 0, compact == 1):
+                            # The lists go to the lead: each CTA's count and [min, max] to the lead's s_peer,
+                            # a cluster barrier, then each CTA's entries to the lead's list after those of
+                            # the CTAs before it (all fit when the total does: else the list is not used).
+                            cluster("wait")  # every CTA of the cluster has started
+                            if tx == 0:
+                                st_lead(s_peer[0, rank], T.Cast("uint32", m))
+                                st_lead(s_peer[1, rank], kmin)
+                                st_lead(s_peer[2, rank], kmax)
+                            cluster("arrive")
+                            cluster("wait")
+                            if rank != 0:
+                                slot = 0  # list entries of the CTAs before this one
+                                for j in T.unroll(S - 1):
+                                    if j < rank:
+                                        slot = slot + T.Cast("int32", ld_lead(s_peer[0, j]))
+                                for q in T.serial(T.ceildiv(T.min(m, cap), THREADS)):
+                                    if T.And(q * THREADS + tx < T.min(m, cap), slot + q * THREADS + tx < cap):
+                                        st_lead(s_ck[slot + q * THREADS + tx], s_ck[q * THREADS + tx])
+                                        st_lead(s_ci[slot + q * THREADS + tx],
+                                                T.Cast("uint32", s_ci[q * THREADS + tx]))
+                            cluster("arrive")
+                            cluster("wait")
+                            if rank == 0:
+                                m = 0
+                                for j in T.unroll(S):
+                                    m = m + T.Cast("int32", s_peer[0, j])
+                                    kmin = T.min(kmin, s_peer[1, j])
+                                    kmax = T.max(kmax, s_peer[2, j])
                     if compact == 2:
                         src = 2  # the keys >= lo: m == k - kk + cnt <= cap, checked before
                         ne = m
@@ -1004,6 +1115,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         src = T.if_then_else(m <= cap, 2, 0)
                         ne = T.if_then_else(m <= cap, m, e)
                     compact = 0
+                    if S > 1:
+                        done = T.if_then_else(rank == 0, done, 1)  # the other CTAs of a split row are done
                     T.sync_threads()  # s_cnt / s_mm are rewritten next
                 elif resolve != 0:
                     # The threshold bin holds at most V3_RES keys (all of [lo, hi]; keys from registers or the
@@ -1101,7 +1214,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         resolve = 1  # [lo, hi] holds exactly cnt keys: they are ranked directly next
                     T.sync_threads()  # s_hist / s_sel / s_scan / s_mm are rewritten next
 
-            if take_all == 0:
+            if lead_only(take_all == 0, rank):
                 if src == 2:
                     # Final rank over the candidates (any order): per window of `win` indices, bitmaps
                     # of the taken (key > hi) and tied (key in [lo, hi]) entries, a block scan of their
@@ -1216,11 +1329,34 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
     return kernel
 
 
-def _topk_jit(*static):
-    """The compiled top-k kernel for these static arguments (the last one is the variant)."""
+def _topk_jit(*static, split=1):
+    """The compiled top-k kernel for these static arguments (the last one is the variant; `split`: v3's
+    CTAs per row)."""
     if static[-1] == "v3":
-        return topk_kernel_v3(*static[:-1])
+        return topk_kernel_v3(*static[:-1]) if split == 1 else topk_kernel_v3(*static[:-1], split)
     return topk_kernel(*static)
+
+
+def _v3_split(b: int, n: int, cache_cap: int, sms: int) -> int:
+    """CTAs per row for v3 (see CLUSTER_PRELUDE): the most, up to MAX_SPLIT, such that all b rows' CTAs run
+    at once on `sms` SMs (one 1024-thread CTA per SM); 1 for rows that are never sampled (n <= capacity)."""
+    split = MAX_SPLIT
+    while split > 1 and (b * split > sms or n <= _v3_cand_cap(cache_cap)):
+        split //= 2
+    return split
+
+
+_SMS = {}
+
+
+def _sm_count(device) -> int:
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
+
+
+def _launch_split(b: int, n: int, cache_cap: int, device) -> int:
+    return _v3_split(b, n, cache_cap, _sm_count(device)) if TOPK_VARIANT == "v3" else 1
 
 
 _DUMMY = {}
@@ -1275,8 +1411,9 @@ def topk(scores, k, *, end=None, sorted=False, sorted_index=False, indices_type=
     flat, ld = _flat_scores(scores)
     off_dtype = output_idx_offset.dtype if output_idx_offset is not None else torch.int32
     kern = _topk_jit(_TORCH_TO_TL[scores.dtype], _TORCH_TO_TL[indices_type], _TORCH_TO_TL[off_dtype],
-                       _cache_cap(n), need_values, output_idx_offset is not None, int(idx_oob_fill_value),
-                       float(value_oob_fill_value), "topk", 0, 1, TOPK_VARIANT)
+                     _cache_cap(n), need_values, output_idx_offset is not None, int(idx_oob_fill_value),
+                     float(value_oob_fill_value), "topk", 0, 1, TOPK_VARIANT,
+                     split=_launch_split(b, n, _cache_cap(n), dev))
     kern(flat, end if end is not None else _dummy(dev, torch.int32),
          output_idx_offset if output_idx_offset is not None else _dummy(dev, off_dtype),
          _dummy(dev, torch.int32, (b, 1)), _dummy(dev, torch.int32, (b, 1)),
@@ -1326,7 +1463,8 @@ def topk_to_slots(scores, k, *, end=None, candidate_blocks=None, candidate_block
     flat, ld = _flat_scores(scores)
     cand_bs = candidate_block_size or 0
     kern = _topk_jit(_TORCH_TO_TL[scores.dtype], "int32", "int32", _cache_cap(n), False, False, -1,
-                       float("-inf"), "slots", cand_bs, block_size_c, TOPK_VARIANT)
+                     float("-inf"), "slots", cand_bs, block_size_c, TOPK_VARIANT,
+                     split=_launch_split(b, n, _cache_cap(n), dev))
     cand = candidate_blocks if candidate_blocks is not None else _dummy(dev, torch.int32, (b, 1))
     kern(flat, end if end is not None else _dummy(dev, torch.int32), _dummy(dev, torch.int32), cand,
          block_tables, _dummy(dev, scores.dtype, (1, 1)), slots, n, ld, int(end is not None))
@@ -1486,7 +1624,7 @@ def convert_kv_index_(index, block_size_c, valid_lens, block_tables):
 
 
 QUICK_BUILD = ("topk fp32 uncached", "topk bf16 int64+offset cache4096", "topk_to_slots fp32 cand16 Bc64",
-               "block_max", "restore", "convert")
+               "topk fp32 cache32768 split2", "block_max", "restore", "convert")
 
 
 def build_all(quick: bool = False) -> list[str]:
@@ -1515,6 +1653,10 @@ def build_all(quick: bool = False) -> list[str]:
         for name, static in paths if variant == TOPK_VARIANT else paths[:2]:
             factory = topk_kernel_v3 if variant == "v3" else topk_kernel
             configs.append((f"{name} {variant}", factory, static if variant == "v3" else static + (variant,)))
+    # v3 rows split over a cluster (CLUSTER_PRELUDE): the decode tier, the uncached tier, the fused slots
+    for name, static, split in ((paths[1][0], paths[1][1], 2), (paths[0][0], paths[0][1], 4),
+                                (paths[4][0], paths[4][1], 2)):
+        configs.append((f"{name} split{split}", topk_kernel_v3, static + (split,)))
     configs += [
         ("block_max bs16 fp32", block_max_kernel, (16, "float32")),
         ("block_max bs8 bf16", block_max_kernel, (8, "bfloat16")),

@@ -6,9 +6,12 @@ tier, rows > 2 * TILE), long (uncached rows), big (128K-1M rows), misc (options,
 fused slots), bmax (block max, NaN payloads), adv (estimate too high / too low, candidates beyond the
 capacity, 50-way ties, k = 1, k = row). Every variant in tilelang_ops.topk.VARIANTS runs (v1, and v3 with
 its own factory topk_kernel_v3); `--variant v3` (or a comma list) picks some. `--mutate "old=>new"` patches
-the generated source once (to check that a broken kernel is caught).
+the generated source once (to check that a broken kernel is caught). v3 splits rows over a cluster as the
+wrapper would on a device of `--sms` SMs (default 132, the H200: rows of b <= 66 split; `--sms 1` never
+splits), with at most `--max-split` CTAs per row (default tilelang_ops.topk.MAX_SPLIT).
 
-    PYTHONPATH=. .venv/bin/python tools/check_topk_emu.py [--variant v1,v3] [--seeds 0,1] [--mutate S] [set ...]
+    PYTHONPATH=. .venv/bin/python tools/check_topk_emu.py [--variant v1,v3] [--seeds 0,1] [--mutate S]
+        [--sms N] [--max-split S] [set ...]
 """
 import argparse
 import os
@@ -55,7 +58,18 @@ inline int __reduce_add_sync(uint, int v, int line = __builtin_LINE()) { return 
 """
 
 
+# the cluster helpers of tilelang_ops.topk.CLUSTER_PRELUDE (PTX there) on the emulator's cluster
+EMU_CLUSTER = """inline unsigned tl_topk_st_cluster(void* p, unsigned rank, unsigned v) { *emu_cluster_ptr((unsigned*)p, rank) = v; return 0u; }
+inline unsigned tl_topk_ld_cluster(const void* p, unsigned rank) { return *emu_cluster_ptr((unsigned*)p, rank); }
+inline unsigned tl_topk_cluster_arrive() { emu_cluster_arrive(); return 0u; }
+inline unsigned tl_topk_cluster_wait() { emu_cluster_wait(); return 0u; }
+"""
+SMS = [132]
+
+
 def _emu_source(src):
+    if tk.CLUSTER_PRELUDE.strip() in src:
+        src = src.replace(tk.CLUSTER_PRELUDE.strip(), EMU_CLUSTER)
     src = src.replace("atomicAdd(", "emu_atomicAdd(").replace("atomicOr(", "emu_atomicOr(")
     at = src.index('extern "C" __global__')
     return src[:at] + EMU_EXTRA + src[at:]
@@ -75,7 +89,9 @@ def fake_factory(*static, real=None):
                   "b": ("indices", 0), "k": ("indices", 1), "nc": ("cand", 1), "mb": ("table", 1),
                   "nb_val": ("values", 0), "kv": ("values", 1)}
         kern = EmuKernel(src, "topk", order, shapes)
-        kern.grid_of = lambda kw: kw["indices"].shape[0]
+        split = static[11] if real is _real_v3 and len(static) > 11 else 1
+        kern.cluster = split
+        kern.grid_of = lambda kw: kw["indices"].shape[0] * split
         _kernels[key] = kern
     k = _kernels[key]
     k.seed = SEED[0]
@@ -85,6 +101,7 @@ def fake_factory(*static, real=None):
 tk.topk_kernel = fake_factory
 tk.topk_kernel_v3 = fake_v3
 tk.check_cuda = lambda **kw: torch.device("cpu")
+tk._sm_count = lambda device: SMS[0]
 
 
 def run_case(case, variant, seed):
@@ -240,7 +257,11 @@ def main():
     ap.add_argument("--variant", default=",".join(tk.VARIANTS), help="comma-separated variants")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--mutate", default=None)
+    ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--max-split", type=int, default=tk.MAX_SPLIT)
     a = ap.parse_args()
+    SMS[0] = a.sms
+    tk.MAX_SPLIT = a.max_split
     if a.mutate:
         os.environ["EMU_MUTATE"] = a.mutate
     seeds = [int(s) for s in a.seeds.split(",")]

@@ -4,6 +4,10 @@ without a GPU: one fiber (ucontext) per CUDA thread, a seeded random scheduler t
 __syncthreads and warp intrinsics (shfl / ballot / all / match_any; all 32 lanes of a warp must reach the
 same call site, else it reports a divergent intrinsic or a deadlock), shared memory poisoned before
 every block, blocks run in a random order. Atomics are plain adds (fibers never interleave inside one).
+Thread block clusters: with ``cluster`` > 1 the blocks of one cluster run together (their fibers share the
+scheduler), each with its own shared memory; ``emu_cluster_arrive`` / ``emu_cluster_wait`` are the cluster
+barrier's halves and ``emu_cluster_ptr(p, rank)`` maps a shared-memory pointer into block ``rank`` of the
+cluster (the kernel's DSMEM helpers are replaced by these in tools/check_topk_emu.py).
 Used by tools/check_topk_emu.py.
 """
 import ctypes
@@ -35,8 +39,10 @@ typedef unsigned int uint;
 #define __align__(n) __attribute__((aligned(n)))
 struct dim3_ { int x, y, z; };
 static dim3_ threadIdx, blockIdx;
-static uchar g_shmem[232 * 1024] __attribute__((aligned(1024)));
-#define buf_dyn_shmem g_shmem
+#define EMU_MAX_CLUSTER 8
+static uchar g_shmem[EMU_MAX_CLUSTER][232 * 1024] __attribute__((aligned(1024)));
+static int g_cur, g_nthreads, g_bt;  // current fiber, fibers (all blocks of the cluster), threads per block
+#define buf_dyn_shmem (g_shmem[g_cur / g_bt])
 template <class A, class B> inline auto max(A a, B b) { typedef std::common_type_t<A, B> C; return (C)a > (C)b ? (C)a : (C)b; }
 template <class A, class B> inline auto min(A a, B b) { typedef std::common_type_t<A, B> C; return (C)a < (C)b ? (C)a : (C)b; }
 inline int __popc(uint x) { return __builtin_popcount(x); }
@@ -52,27 +58,48 @@ namespace std { template <> struct numeric_limits<bfloat16_t> {
   static bfloat16_t infinity() { bfloat16_t r; r.bits = 0x7f80; return r; } }; }
 
 // ---- scheduler
-struct Fiber { ucontext_t ctx; int tid; int state; /*0 run,1 blocked,2 done*/ std::vector<char> stack; };
+struct Fiber { ucontext_t ctx; int tid; int state; /*0 run,1 blocked,2 done*/ std::vector<char> stack; int gen; };
 static std::vector<Fiber> g_f;
 static ucontext_t g_main;
-static int g_cur, g_nthreads;
+static int g_blk0;  // first block of the running cluster
 static std::vector<int> g_runnable;
 static std::mt19937 g_rng;
-static int g_bar_count; static std::vector<int> g_bar_wait;
+static int g_bar_count[EMU_MAX_CLUSTER]; static std::vector<int> g_bar_wait[EMU_MAX_CLUSTER];
+static int g_cl_gen, g_cl_count; static std::vector<int> g_cl_wait;  // cluster barrier
 struct WarpBar { int count = 0; int line = -1; std::vector<int> wait; uint64_t slot[32]; uint64_t out[32]; };
 static std::vector<WarpBar> g_wb;
 static int g_error;
 static void fail(const char* m, int line) { fprintf(stderr, "EMU ERROR: %s (line %d, tid %d)\n", m, line, g_cur); g_error = 1; exit(3); }
-static void yield_() { swapcontext(&g_f[g_cur].ctx, &g_main); threadIdx.x = g_cur; }
+static void set_ids() { threadIdx.x = g_cur % g_bt; blockIdx.x = g_blk0 + g_cur / g_bt; }
+static void yield_() { swapcontext(&g_f[g_cur].ctx, &g_main); set_ids(); }
 static void block_() { g_f[g_cur].state = 1; yield_(); }
 inline void __syncthreads() {
-  g_bar_count++;
-  if (g_bar_count == g_nthreads) {
-    g_bar_count = 0;
-    for (int t : g_bar_wait) { g_f[t].state = 0; g_runnable.push_back(t); }
-    g_bar_wait.clear();
+  int blk = g_cur / g_bt;
+  g_bar_count[blk]++;
+  if (g_bar_count[blk] == g_bt) {
+    g_bar_count[blk] = 0;
+    for (int t : g_bar_wait[blk]) { g_f[t].state = 0; g_runnable.push_back(t); }
+    g_bar_wait[blk].clear();
     yield_();
-  } else { g_bar_wait.push_back(g_cur); block_(); }
+  } else { g_bar_wait[blk].push_back(g_cur); block_(); }
+}
+// cluster barrier: arrive records the open generation; wait blocks until every fiber of the cluster
+// has arrived in it (a fiber arrives again only after its wait, so one open generation suffices)
+inline void emu_cluster_arrive() {
+  g_f[g_cur].gen = g_cl_gen;
+  if (++g_cl_count == g_nthreads) {
+    g_cl_count = 0; g_cl_gen++;
+    for (int t : g_cl_wait) { g_f[t].state = 0; g_runnable.push_back(t); }
+    g_cl_wait.clear();
+  }
+  yield_();
+}
+inline void emu_cluster_wait() {
+  while (g_cl_gen <= g_f[g_cur].gen) { g_cl_wait.push_back(g_cur); block_(); }
+}
+template <class T> inline T* emu_cluster_ptr(T* p, unsigned rank) {
+  if (rank >= (unsigned)(g_nthreads / g_bt)) { fprintf(stderr, "EMU ERROR: DSMEM rank %u\n", rank); exit(3); }
+  return (T*)(g_shmem[rank] + ((uchar*)p - g_shmem[g_cur / g_bt]));
 }
 // exchange: every lane deposits v, after all 32 arrived each lane gets f(lane, slots)
 template <class F> inline uint64_t warp_xchg(int line, uint64_t v, F f) {
@@ -119,10 +146,12 @@ template <class T> inline uint emu_match_any(int line, T v) {
 #define __match_any_sync(m, v) emu_match_any(__LINE__, v)
 
 static void (*g_body)();
-static void fiber_entry() { threadIdx.x = g_cur; g_body(); g_f[g_cur].state = 2; }
-// run one block: all fibers, random scheduling; returns 0 ok
+static void fiber_entry() { set_ids(); g_body(); g_f[g_cur].state = 2; }
+// run one block (or the blocks of one cluster: `threads` = all their threads): all fibers, random
+// scheduling; returns 0 ok
 static int run_block(int threads, void (*body)(), int poison) {
-  g_body = body; g_nthreads = threads; g_bar_count = 0; g_bar_wait.clear();
+  g_body = body; g_nthreads = threads; g_cl_gen = g_cl_count = 0; g_cl_wait.clear();
+  for (int c = 0; c < EMU_MAX_CLUSTER; ++c) { g_bar_count[c] = 0; g_bar_wait[c].clear(); }
   g_wb.assign(threads / 32, WarpBar());
   if (poison) memset(g_shmem, 0xA5, sizeof(g_shmem));  // stale shared memory must not matter
   g_f.resize(threads);
@@ -137,7 +166,7 @@ static int run_block(int threads, void (*body)(), int poison) {
   while (!g_runnable.empty()) {
     size_t j = g_rng() % g_runnable.size();
     int t = g_runnable[j]; g_runnable[j] = g_runnable.back(); g_runnable.pop_back();
-    g_cur = t; threadIdx.x = t;
+    g_cur = t; set_ids();
     swapcontext(&g_main, &g_f[t].ctx);
     if (g_f[t].state == 0) g_runnable.push_back(t);
     else if (g_f[t].state == 2) done++;
@@ -173,12 +202,15 @@ def build(src, name, opt="-O1"):
     launcher = f'''
 {glob}
 static void body_fn() {{ {kname}({", ".join("g_" + n for n in names)}); }}
-extern "C" int launch(int grid, int gridy, int threads, unsigned seed, int poison, {", ".join(f"{t} {n}" for t, n in zip(types, names))}) {{
+extern "C" int launch(int grid, int gridy, int threads, int cluster, unsigned seed, int poison, {", ".join(f"{t} {n}" for t, n in zip(types, names))}) {{
   g_rng.seed(seed);
   {" ".join(f"g_{n} = {n};" for n in names)}
-  std::vector<int> order(grid * gridy); for (int i = 0; i < grid * gridy; ++i) order[i] = i;
+  if (cluster < 1 || cluster > EMU_MAX_CLUSTER || grid % cluster) return 2;
+  g_bt = threads;
+  int emu_ncl = grid / cluster;  // clusters along x (1-D clusters)
+  std::vector<int> order(emu_ncl * gridy); for (int i = 0; i < emu_ncl * gridy; ++i) order[i] = i;
   std::shuffle(order.begin(), order.end(), g_rng);
-  for (int bi : order) {{ blockIdx.x = bi % grid; blockIdx.y = bi / grid; if (run_block(threads, body_fn, poison)) return 1; }}
+  for (int ci : order) {{ g_blk0 = (ci % emu_ncl) * cluster; blockIdx.y = ci / emu_ncl; if (run_block(threads * cluster, body_fn, poison)) return 1; }}
   return 0;
 }}
 '''
@@ -197,7 +229,7 @@ class EmuKernel:
         """param_order: prim_func tensor/scalar names in call order; shapes: dyn name -> (param, dim)."""
         self.lib, self.names, self.types = build(src, name)
         self.param_order, self.shapes = param_order, shapes
-        self.seed, self.poison, self.threads, self.grid_of = 0, 1, 1024, None
+        self.seed, self.poison, self.threads, self.grid_of, self.cluster = 0, 1, 1024, None, 1
 
     def __call__(self, *args):
         kw = dict(zip(self.param_order, args))
@@ -217,7 +249,8 @@ class EmuKernel:
                 cargs.append(ctypes.c_int(int(v)))
         grid = self.grid_of(kw)
         grid, gridy = grid if isinstance(grid, tuple) else (grid, 1)
-        rc = self.lib.launch(ctypes.c_int(grid), ctypes.c_int(gridy), ctypes.c_int(self.threads), ctypes.c_uint(self.seed),
+        rc = self.lib.launch(ctypes.c_int(grid), ctypes.c_int(gridy), ctypes.c_int(self.threads),
+                             ctypes.c_int(self.cluster), ctypes.c_uint(self.seed),
                              ctypes.c_int(self.poison), *cargs)
         if rc != 0:
             raise RuntimeError("emulated kernel failed")
