@@ -595,13 +595,14 @@ V3_RES = 256
 V3_RES_STEP = 4  # keys compared per step of the rank loop (the gather pads to a multiple with key 0)
 
 
-# Rows of more than one candidate capacity may be split over a cluster of V3 CTAs ("split", a static argument
-# of topk_kernel_v3): every CTA draws the same sample (so all get the same bound thr without talking), each
-# compacts its share of the row's tiles into its own list, then the lists go to the lead CTA's shared memory
-# (DSMEM stores at the offsets of the counts before them) and the lead alone goes on as with one CTA. The
-# row's one read is then spread over S SMs; the wrapper splits only when b * S CTAs fit on the device at once.
-# The prelude's helpers: a CTA's shared address in CTA `rank` of the cluster (mapa), a 32-bit store / load
-# there, and the cluster barrier's halves (every thread of every CTA of the cluster arrives).
+# Rows of more than one candidate capacity may be split over a cluster of S CTAs ("split", a static argument
+# of topk_kernel_v3): every CTA draws the same sample (so all get the same bound thr without talking) and
+# compacts its share of the row's tiles straight into the lead CTA's list (DSMEM: slots from the lead's
+# counter by a remote atomic add, remote stores), one cluster barrier, and the lead alone goes on as with
+# one CTA. The row's one read is then spread over S SMs; the wrapper splits only when b * S CTAs fit on the
+# device at once. The prelude's helpers: a CTA's shared address in CTA `rank` of the cluster (mapa), a
+# 32-bit store / load / atomic add there, and the cluster barrier's halves (every thread of every CTA of
+# the cluster arrives).
 CLUSTER_PRELUDE = """
 __device__ __forceinline__ unsigned tl_topk_cluster_addr(const void* p, unsigned rank) {
   unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
@@ -616,6 +617,12 @@ __device__ __forceinline__ unsigned tl_topk_ld_cluster(const void* p, unsigned r
   unsigned v;
   asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(tl_topk_cluster_addr(p, rank)) : "memory");
   return v;
+}
+__device__ __forceinline__ unsigned tl_topk_atomic_add_cluster(void* p, unsigned rank, unsigned v) {
+  unsigned old;
+  asm volatile("atom.shared::cluster.add.u32 %0, [%1], %2;"
+               : "=r"(old) : "r"(tl_topk_cluster_addr(p, rank)), "r"(v) : "memory");
+  return old;
 }
 __device__ __forceinline__ unsigned tl_topk_cluster_arrive() {
   asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
@@ -687,8 +694,13 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
         """Store the uint32 v to the lead CTA's copy of the shared element ref (DSMEM)."""
         return T.call_extern("uint32", "tl_topk_st_cluster", T.address_of(ref), 0, v)
 
-    def ld_lead(ref):
-        return T.call_extern("uint32", "tl_topk_ld_cluster", T.address_of(ref), 0)
+    @T.macro
+    def list_store(buf, i, v):
+        """A compaction store buf[i] = v: the lead's list (DSMEM) when rows may be split, else this CTA's."""
+        if S == 1:
+            buf[i] = v
+        else:
+            T.call_extern("uint32", "tl_topk_st_cluster", T.address_of(buf[i]), 0, T.Cast("uint32", v))
 
     def cluster(half):
         """One half of the cluster barrier ("arrive" or "wait"), by every thread of every CTA."""
@@ -817,7 +829,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             s_small = T.alloc_shared([V3_RES], "uint32")  # the <= V3_RES keys of a small threshold bin
             s_mm = T.alloc_shared([2, WARPS], "uint32")  # per-warp min / max
             if S > 1:
-                s_peer = T.alloc_shared([3, S], "uint32")  # the lead's: each CTA's list count, min, max
+                s_peer = T.alloc_shared([2, S], "uint32")  # the lead's: each CTA's min / max beyond the list
             s_cnt = T.alloc_shared([1], "int32")  # candidate counter
             s_ck = T.alloc_shared([cap], "uint32")  # candidate keys (any order)
             s_ci = T.alloc_shared([cap], "int32")  # their row indices
@@ -886,8 +898,10 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 spl = T.if_then_else(T.And(take_all == 0, e > cap), 1, 0)
                 done = T.if_then_else(rank == 0, take_all, 1)
                 if spl != 0:
-                    # first half of a cluster barrier: waited for before the first DSMEM store (every CTA
-                    # of the cluster has started by then)
+                    # the lead's list counter, zeroed before the first half of a cluster barrier that every
+                    # CTA waits for before its first DSMEM access (then all have started, the zero is seen)
+                    if T.And(rank == 0, tx == 0):
+                        s_cnt[0] = 0
                     cluster("arrive")
             kk = k
             lo = T.uint32(1)  # real keys are >= 0x007FFFFF: key 0 (ZERO) marks "no entry", never in range
@@ -987,7 +1001,10 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     # per thread instead of a key and a min / max per strip. When a tile's candidates
                     # all fit (always but near the capacity) the stores are predicated, no branches.
                     if tx == 0:
-                        s_cnt[0] = 0
+                        if S == 1:
+                            s_cnt[0] = 0
+                        elif compact == 2:  # (a split row's first counter was zeroed at the start)
+                            s_cnt[0] = 0
                     kmin = KEY_MAX
                     kmax = ZERO
                     wd = T.if_then_else(thr >= T.uint32(0x80000000),
@@ -1006,6 +1023,9 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     t_lo = 0 if S == 1 else c0  # the loop's first tile and its end entry
                     t_end = e if S == 1 else ce
                     T.sync_threads()
+                    if S > 1:
+                        if T.And(spl != 0, compact == 1):
+                            cluster("wait")  # the lead's zeroed counter is seen by every CTA
                     load_tile(scores, kn, base, t_lo, t_end, tx)
                     for it in T.serial(t_lo, T.ceildiv(t_end, TILE)):
                         for u in T.unroll(UNROLL):
@@ -1032,7 +1052,12 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             if lane == 0:
                                 # plain CUDA atomicAdd: a shared-memory ATOMS (tilelang's AtomicAddRet
                                 # goes through a device-scope atomic_ref: a generic ATOM)
-                                slot = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[0]), wsum)
+                                if S == 1:
+                                    slot = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[0]), wsum)
+                                else:  # the lead's counter (DSMEM)
+                                    slot = T.Cast("int32", T.call_extern(
+                                        "uint32", "tl_topk_atomic_add_cluster", T.address_of(s_cnt[0]), 0,
+                                        T.Cast("uint32", wsum)))
                             slot = T.shfl_sync(slot, 0)
                             if slot + wsum <= cap:  # warp-uniform: no overflow check per entry
                                 for u in T.unroll(UNROLL):
@@ -1040,8 +1065,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                     if nd != KEY_MAX:  # warp-uniform
                                         pos = slot + T.Cast("int32", T.popcount(~nd & lt))
                                         if (~nd & (lt + T.uint32(1))) != ZERO:
-                                            s_ck[pos] = kb[u]
-                                            s_ci[pos] = _lin_warp(it, u, tx)
+                                            list_store(s_ck, pos, kb[u])
+                                            list_store(s_ci, pos, _lin_warp(it, u, tx))
                                         slot = slot + (32 - T.Cast("int32", T.popcount(nd)))
                             else:
                                 for u in T.unroll(UNROLL):
@@ -1052,15 +1077,35 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                             # list's min / max); only a key beyond `cap` is keyed here
                                             pos = slot + T.Cast("int32", T.popcount(dm & lt))
                                             if pos < cap:
-                                                s_ck[pos] = kb[u]
-                                                s_ci[pos] = _lin_warp(it, u, tx)
+                                                list_store(s_ck, pos, kb[u])
+                                                list_store(s_ci, pos, _lin_warp(it, u, tx))
                                             else:
                                                 kx = _key(kb[u])
                                                 kmin = T.min(kmin, kx)
                                                 kmax = T.max(kmax, kx)
                                         slot = slot + T.Cast("int32", T.popcount(dm))
                     T.sync_threads()
+                    if S > 1:
+                        if T.And(spl != 0, compact == 1):
+                            # A split row: the other CTAs send the [min, max] of their keys beyond the
+                            # capacity (not in the list) to the lead's s_peer; after a cluster barrier the
+                            # lead's list and counter hold every CTA's candidates.
+                            if rank != 0:
+                                publish_min_max(kmin, kmax, s_mm, lane, warp)
+                                T.sync_threads()
+                                gather_min_max(mm, s_mm, lane)
+                                if tx == 0:
+                                    st_lead(s_peer[0, rank], mm[0])
+                                    st_lead(s_peer[1, rank], mm[1])
+                            cluster("arrive")
+                            cluster("wait")
+                            if rank == 0:
+                                for j in T.unroll(S - 1):
+                                    kmin = T.min(kmin, s_peer[0, j + 1])
+                                    kmax = T.max(kmax, s_peer[1, j + 1])
                     m = s_cnt[0]
+                    if S > 1:
+                        m = T.if_then_else(rank == 0, m, 0)  # the other CTAs of a split row are done
                     # the stored raw bits become keys; [min, max] over them and the overflow keys
                     for q in T.serial(T.ceildiv(T.min(m, cap), THREADS)):
                         if q * THREADS + tx < T.min(m, cap):
@@ -1073,36 +1118,6 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     gather_min_max(mm, s_mm, lane)
                     kmin = mm[0]
                     kmax = mm[1]
-                    if S > 1:
-                        if T.And(spl != 0, compact == 1):
-                            # The lists go to the lead: each CTA's count and [min, max] to the lead's s_peer,
-                            # a cluster barrier, then each CTA's entries to the lead's list after those of
-                            # the CTAs before it (all fit when the total does: else the list is not used).
-                            cluster("wait")  # every CTA of the cluster has started
-                            if tx == 0:
-                                st_lead(s_peer[0, rank], T.Cast("uint32", m))
-                                st_lead(s_peer[1, rank], kmin)
-                                st_lead(s_peer[2, rank], kmax)
-                            cluster("arrive")
-                            cluster("wait")
-                            if rank != 0:
-                                slot = 0  # list entries of the CTAs before this one
-                                for j in T.unroll(S - 1):
-                                    if j < rank:
-                                        slot = slot + T.Cast("int32", ld_lead(s_peer[0, j]))
-                                for q in T.serial(T.ceildiv(T.min(m, cap), THREADS)):
-                                    if T.And(q * THREADS + tx < T.min(m, cap), slot + q * THREADS + tx < cap):
-                                        st_lead(s_ck[slot + q * THREADS + tx], s_ck[q * THREADS + tx])
-                                        st_lead(s_ci[slot + q * THREADS + tx],
-                                                T.Cast("uint32", s_ci[q * THREADS + tx]))
-                            cluster("arrive")
-                            cluster("wait")
-                            if rank == 0:
-                                m = 0
-                                for j in T.unroll(S):
-                                    m = m + T.Cast("int32", s_peer[0, j])
-                                    kmin = T.min(kmin, s_peer[1, j])
-                                    kmax = T.max(kmax, s_peer[2, j])
                     if compact == 2:
                         src = 2  # the keys >= lo: m == k - kk + cnt <= cap, checked before
                         ne = m
