@@ -42,13 +42,25 @@ def _variant(name):
         topk_mod.TOPK_VARIANT = saved
 
 
-def _peers(fn, flush) -> dict:
-    """Times of fn under each peer variant that is not the default (keys: the variant names)."""
+def _peers(fn, flush, b, n) -> dict:
+    """Times of fn under each peer variant that is not the default (keys: the variant names), and, where
+    v3 splits these rows over a cluster, v3 on one CTA per row ("split1") and on twice as many CTAs as
+    MAX_SPLIT allows ("split4" with MAX_SPLIT = 2) where they fit."""
     out = {}
     for name in PEER_VARIANTS:
         if name != topk_mod.TOPK_VARIANT:
             with _variant(name):
                 out[name] = time_us(fn, flush_bytes=flush)
+    sms = topk_mod._sm_count(torch.device("cuda"))
+    if topk_mod.TOPK_VARIANT == "v3" and topk_mod._v3_split(b, n, topk_mod._cache_cap(n), sms) > 1:
+        saved = topk_mod.MAX_SPLIT
+        for split in (1, 2 * saved):  # one CTA per row, and twice the default's largest split
+            topk_mod.MAX_SPLIT = split
+            try:
+                if topk_mod._v3_split(b, n, topk_mod._cache_cap(n), sms) == split:
+                    out[f"split{split}"] = time_us(fn, flush_bytes=flush)
+            finally:
+                topk_mod.MAX_SPLIT = saved
     return out
 
 
@@ -59,7 +71,7 @@ def run(h) -> None:
             case = f"b{b}n{n}k{k}{suffix}"
             flush = 256 << 20  # scores are re-read from HBM each launch, not from L2
             us = time_us(lambda x=x, k=k: topk(x, k, return_value=False), flush_bytes=flush)
-            peers = _peers(lambda x=x, k=k: topk(x, k, return_value=False), flush)
+            peers = _peers(lambda x=x, k=k: topk(x, k, return_value=False), flush, b, n)
             torch_us = time_us(lambda x=x, k=k: torch.topk(x, k, dim=1, sorted=False), flush_bytes=flush)
             h.report(OP, case, b * n * x.element_size(), us, eager_us=torch_us,
                      peers={**peers, "torch_topk": torch_us})
@@ -70,7 +82,7 @@ def run(h) -> None:
     end = torch.full((b,), n, dtype=torch.int32, device="cuda")
     slots = lambda: topk_to_slots(x, k, end=end, block_size_c=64, block_tables=table)  # noqa: E731
     us = time_us(slots, flush_bytes=256 << 20)
-    peers = _peers(slots, 256 << 20)
+    peers = _peers(slots, 256 << 20, b, n)
     torch_us = time_us(lambda: torch.topk(x, k, dim=1, sorted=False), flush_bytes=256 << 20)
     h.report(OP, f"slots_b{b}n{n}k{k}", b * n * 4, us, eager_us=torch_us,
              peers={**peers, "torch_topk": torch_us})

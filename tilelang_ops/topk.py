@@ -694,14 +694,6 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
         """Store the uint32 v to the lead CTA's copy of the shared element ref (DSMEM)."""
         return T.call_extern("uint32", "tl_topk_st_cluster", T.address_of(ref), 0, v)
 
-    @T.macro
-    def list_store(buf, i, v):
-        """A compaction store buf[i] = v: the lead's list (DSMEM) when rows may be split, else this CTA's."""
-        if S == 1:
-            buf[i] = v
-        else:
-            T.call_extern("uint32", "tl_topk_st_cluster", T.address_of(buf[i]), 0, T.Cast("uint32", v))
-
     def cluster(half):
         """One half of the cluster barrier ("arrive" or "wait"), by every thread of every CTA."""
         return T.call_extern("uint32", f"tl_topk_cluster_{half}")
@@ -829,7 +821,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             s_small = T.alloc_shared([V3_RES], "uint32")  # the <= V3_RES keys of a small threshold bin
             s_mm = T.alloc_shared([2, WARPS], "uint32")  # per-warp min / max
             if S > 1:
-                s_peer = T.alloc_shared([2, S], "uint32")  # the lead's: each CTA's min / max beyond the list
+                s_peer = T.alloc_shared([3, S], "uint32")  # the lead's: the CTAs' [min, max]; [2, 0] a count
             s_cnt = T.alloc_shared([1], "int32")  # candidate counter
             s_ck = T.alloc_shared([cap], "uint32")  # candidate keys (any order)
             s_ci = T.alloc_shared([cap], "int32")  # their row indices
@@ -898,10 +890,10 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 spl = T.if_then_else(T.And(take_all == 0, e > cap), 1, 0)
                 done = T.if_then_else(rank == 0, take_all, 1)
                 if spl != 0:
-                    # the lead's list counter, zeroed before the first half of a cluster barrier that every
-                    # CTA waits for before its first DSMEM access (then all have started, the zero is seen)
+                    # the lead's counter of the other CTAs' entries, zeroed before the first half of a cluster
+                    # barrier that every CTA waits for before its first DSMEM access (then all have started)
                     if T.And(rank == 0, tx == 0):
-                        s_cnt[0] = 0
+                        s_peer[2, 0] = 0
                     cluster("arrive")
             kk = k
             lo = T.uint32(1)  # real keys are >= 0x007FFFFF: key 0 (ZERO) marks "no entry", never in range
@@ -1001,10 +993,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     # per thread instead of a key and a min / max per strip. When a tile's candidates
                     # all fit (always but near the capacity) the stores are predicated, no branches.
                     if tx == 0:
-                        if S == 1:
-                            s_cnt[0] = 0
-                        elif compact == 2:  # (a split row's first counter was zeroed at the start)
-                            s_cnt[0] = 0
+                        s_cnt[0] = 0
                     kmin = KEY_MAX
                     kmax = ZERO
                     wd = T.if_then_else(thr >= T.uint32(0x80000000),
@@ -1023,9 +1012,6 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     t_lo = 0 if S == 1 else c0  # the loop's first tile and its end entry
                     t_end = e if S == 1 else ce
                     T.sync_threads()
-                    if S > 1:
-                        if T.And(spl != 0, compact == 1):
-                            cluster("wait")  # the lead's zeroed counter is seen by every CTA
                     load_tile(scores, kn, base, t_lo, t_end, tx)
                     for it in T.serial(t_lo, T.ceildiv(t_end, TILE)):
                         for u in T.unroll(UNROLL):
@@ -1052,12 +1038,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             if lane == 0:
                                 # plain CUDA atomicAdd: a shared-memory ATOMS (tilelang's AtomicAddRet
                                 # goes through a device-scope atomic_ref: a generic ATOM)
-                                if S == 1:
-                                    slot = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[0]), wsum)
-                                else:  # the lead's counter (DSMEM)
-                                    slot = T.Cast("int32", T.call_extern(
-                                        "uint32", "tl_topk_atomic_add_cluster", T.address_of(s_cnt[0]), 0,
-                                        T.Cast("uint32", wsum)))
+                                slot = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[0]), wsum)
                             slot = T.shfl_sync(slot, 0)
                             if slot + wsum <= cap:  # warp-uniform: no overflow check per entry
                                 for u in T.unroll(UNROLL):
@@ -1065,8 +1046,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                     if nd != KEY_MAX:  # warp-uniform
                                         pos = slot + T.Cast("int32", T.popcount(~nd & lt))
                                         if (~nd & (lt + T.uint32(1))) != ZERO:
-                                            list_store(s_ck, pos, kb[u])
-                                            list_store(s_ci, pos, _lin_warp(it, u, tx))
+                                            s_ck[pos] = kb[u]
+                                            s_ci[pos] = _lin_warp(it, u, tx)
                                         slot = slot + (32 - T.Cast("int32", T.popcount(nd)))
                             else:
                                 for u in T.unroll(UNROLL):
@@ -1077,35 +1058,15 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                             # list's min / max); only a key beyond `cap` is keyed here
                                             pos = slot + T.Cast("int32", T.popcount(dm & lt))
                                             if pos < cap:
-                                                list_store(s_ck, pos, kb[u])
-                                                list_store(s_ci, pos, _lin_warp(it, u, tx))
+                                                s_ck[pos] = kb[u]
+                                                s_ci[pos] = _lin_warp(it, u, tx)
                                             else:
                                                 kx = _key(kb[u])
                                                 kmin = T.min(kmin, kx)
                                                 kmax = T.max(kmax, kx)
                                         slot = slot + T.Cast("int32", T.popcount(dm))
                     T.sync_threads()
-                    if S > 1:
-                        if T.And(spl != 0, compact == 1):
-                            # A split row: the other CTAs send the [min, max] of their keys beyond the
-                            # capacity (not in the list) to the lead's s_peer; after a cluster barrier the
-                            # lead's list and counter hold every CTA's candidates.
-                            if rank != 0:
-                                publish_min_max(kmin, kmax, s_mm, lane, warp)
-                                T.sync_threads()
-                                gather_min_max(mm, s_mm, lane)
-                                if tx == 0:
-                                    st_lead(s_peer[0, rank], mm[0])
-                                    st_lead(s_peer[1, rank], mm[1])
-                            cluster("arrive")
-                            cluster("wait")
-                            if rank == 0:
-                                for j in T.unroll(S - 1):
-                                    kmin = T.min(kmin, s_peer[0, j + 1])
-                                    kmax = T.max(kmax, s_peer[1, j + 1])
                     m = s_cnt[0]
-                    if S > 1:
-                        m = T.if_then_else(rank == 0, m, 0)  # the other CTAs of a split row are done
                     # the stored raw bits become keys; [min, max] over them and the overflow keys
                     for q in T.serial(T.ceildiv(T.min(m, cap), THREADS)):
                         if q * THREADS + tx < T.min(m, cap):
@@ -1118,6 +1079,51 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     gather_min_max(mm, s_mm, lane)
                     kmin = mm[0]
                     kmax = mm[1]
+                    if S > 1:
+                        if T.And(spl != 0, compact == 1):
+                            # A split row: the other CTAs reserve room at the top of the lead's list (a remote
+                            # add to its counter s_peer[2, 0], zeroed at the start), copy their keyed entries
+                            # there (if they fit) and their [min, max] to s_peer; one cluster barrier; the
+                            # lead moves that block down after its own entries and takes every CTA's count
+                            # and [min, max]. (Where the lead's and the others' entries would meet, the total
+                            # is above the capacity and the list is not used.)
+                            cluster("wait")  # every CTA has started, the lead's counter is zero
+                            if rank != 0:
+                                if tx == 0:
+                                    s_sel[3] = T.Cast("int32", T.call_extern(
+                                        "uint32", "tl_topk_atomic_add_cluster", T.address_of(s_peer[2, 0]), 0,
+                                        T.Cast("uint32", m)))
+                                    st_lead(s_peer[0, rank], kmin)
+                                    st_lead(s_peer[1, rank], kmax)
+                                T.sync_threads()
+                                slot = cap - s_sel[3] - m  # my first entry in the lead's list
+                                if T.And(slot >= 0, m <= cap):
+                                    for q in T.serial(T.ceildiv(m, THREADS)):
+                                        if q * THREADS + tx < m:
+                                            st_lead(s_ck[slot + q * THREADS + tx], s_ck[q * THREADS + tx])
+                                            st_lead(s_ci[slot + q * THREADS + tx],
+                                                    T.Cast("uint32", s_ci[q * THREADS + tx]))
+                                m = 0  # done: only the lead goes on
+                            cluster("arrive")
+                            cluster("wait")
+                            if rank == 0:
+                                c = T.Cast("int32", s_peer[2, 0])  # the other CTAs' entries
+                                for j in T.unroll(S - 1):
+                                    kmin = T.min(kmin, s_peer[0, j + 1])
+                                    kmax = T.max(kmax, s_peer[1, j + 1])
+                                if T.And(c > 0, m + c <= cap):
+                                    # the block [cap - c, cap) moves to [m, m + c) (through registers: the
+                                    # two may overlap)
+                                    for q in T.unroll(cap // THREADS):
+                                        if q * THREADS + tx < c:
+                                            kb[q] = s_ck[cap - c + q * THREADS + tx]
+                                            inl[q] = s_ci[cap - c + q * THREADS + tx]
+                                    T.sync_threads()
+                                    for q in T.unroll(cap // THREADS):
+                                        if q * THREADS + tx < c:
+                                            s_ck[m + q * THREADS + tx] = kb[q]
+                                            s_ci[m + q * THREADS + tx] = inl[q]
+                                m = m + c
                     if compact == 2:
                         src = 2  # the keys >= lo: m == k - kk + cnt <= cap, checked before
                         ne = m
