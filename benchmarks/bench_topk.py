@@ -44,8 +44,8 @@ def _variant(name):
 
 def _peers(fn, flush, b, n) -> dict:
     """Times of fn under each peer variant that is not the default (keys: the variant names), and, where
-    v3 splits these rows over a cluster, v3 on one CTA per row ("split1") and on twice as many CTAs as
-    MAX_SPLIT allows ("split4" with MAX_SPLIT = 2) where they fit."""
+    v3 splits these rows over a cluster, v3 on one CTA per row ("split1") and on half as many CTAs as the
+    default ("split2" with MAX_SPLIT = 4)."""
     out = {}
     for name in PEER_VARIANTS:
         if name != topk_mod.TOPK_VARIANT:
@@ -54,7 +54,7 @@ def _peers(fn, flush, b, n) -> dict:
     sms = topk_mod._sm_count(torch.device("cuda"))
     if topk_mod.TOPK_VARIANT == "v3" and topk_mod._v3_split(b, n, topk_mod._cache_cap(n), sms) > 1:
         saved = topk_mod.MAX_SPLIT
-        for split in (1, 2 * saved):  # one CTA per row, and twice the default's largest split
+        for split in (1, saved // 2):  # one CTA per row, and half the default's split
             topk_mod.MAX_SPLIT = split
             try:
                 if topk_mod._v3_split(b, n, topk_mod._cache_cap(n), sms) == split:

@@ -723,15 +723,19 @@ def test_gpu_topk_to_slots_split(split, monkeypatch):
     compare_bitwise(f"slots split {split}", got, want.reshape(b, k)).check()
 
 
-def test_v3_split_choice():
+def test_v3_split_choice(monkeypatch):
+    import tilelang_ops.topk as tk
     from tilelang_ops.topk import CAND, MAX_CACHE, SMALL_CACHE, _v3_split
 
-    assert _v3_split(64, 32768, MAX_CACHE, 132) == 2  # the decode shape: 128 CTAs on 132 SMs
-    assert _v3_split(66, 65536, 0, 132) == 2 and _v3_split(67, 65536, 0, 132) == 1
+    assert tk.MAX_SPLIT == 4
+    assert _v3_split(33, 65536, 0, 132) == 4 and _v3_split(34, 65536, 0, 132) == 1
+    assert _v3_split(64, 32768, MAX_CACHE, 132) == 1  # the decode shape: measured slower split
     assert _v3_split(128, 131072, 0, 132) == 1  # the rows already fill the device
     assert _v3_split(1, CAND, MAX_CACHE, 132) == 1  # one tile: never sampled, never split
     assert _v3_split(1, SMALL_CACHE, SMALL_CACHE, 132) == 1
-    assert _v3_split(1, CAND + 1, MAX_CACHE, 132) == 2
+    assert _v3_split(1, CAND + 1, MAX_CACHE, 132) == 4
+    monkeypatch.setattr(tk, "MAX_SPLIT", 2)
+    assert _v3_split(66, 65536, 0, 132) == 2 and _v3_split(67, 65536, 0, 132) == 1
 
 
 def test_topk_variant_names():
