@@ -41,6 +41,11 @@ Top-k algorithm (one CTA of 1024 threads per row), exact and deterministic:
   ordered pass. v3's radix digits are 12 bits (4096 bins); once the threshold bin holds at most 256
   keys (list or registers), they are gathered and each is ranked against all (one warp per 32 keys) to
   find the kk-th largest with its multiplicity, instead of further passes.
+* v3 on few long rows (b * MAX_SPLIT CTAs fit on the device): a cluster of MAX_SPLIT CTAs per row. Each
+  draws the same sample (the same thr, no talking), compacts its share of the row's tiles into its own
+  list, and the others copy theirs into the lead's list through distributed shared memory (room
+  reserved with one remote add), one cluster barrier, then the lead goes on alone. 1 x 65536: 20.6 ->
+  17.8 us on the H200; at 64 rows it measured slower (see _v3_split), so it is not used there.
 * Lanes [min(k, end), k) get the fills; `end` is clamped to [0, n] in the kernel so a bad `end` can
   never read outside the row (the value check runs under TILELANG_OPS_DEBUG=1).
 """
