@@ -561,19 +561,26 @@ def _run_gpu_case(case, fn_kernel):
     return x, end, kw, fn_kernel(x, case.k, **kw)
 
 
+def _check_gpu_case(case, fn_kernel, tag=""):
+    """Run the case through fn_kernel and compare with the sort-based oracle; returns (x, end, values,
+    indices) as compared. Indices are integers and values copied score bits: bitwise. Unspecified order
+    (mode "any") compares the (index, value) lanes as sets."""
+    x, end, kw, (v, i) = _run_gpu_case(case, fn_kernel)
+    rv, ri = topk_torch(x, case.k, **kw)
+    if case.mode == "any":
+        v, i = as_pairs_by_index(v, i)
+        rv, ri = as_pairs_by_index(rv, ri)
+    compare_bitwise(f"indices{tag}", i, ri).check()
+    compare_bitwise(f"values{tag}", v, rv).check()
+    return x, end, v, i
+
+
 @requires_cuda
 @pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
 def test_gpu_topk_exact(case):
     from tilelang_ops.topk import topk
 
-    x, end, kw, (v, i) = _run_gpu_case(case, topk)
-    rv, ri = topk_torch(x, case.k, **kw)
-    if case.mode == "any":  # unspecified order: compare as sets of (index, value) lanes
-        v, i = as_pairs_by_index(v, i)
-        rv, ri = as_pairs_by_index(rv, ri)
-    # indices are integers and values are copied score bits: bitwise
-    compare_bitwise("indices", i, ri).check()
-    compare_bitwise("values", v, rv).check()
+    x, end, v, i = _check_gpu_case(case, topk)
     if case.loop_ref:
         lv, li = topk_ref(x.cpu(), case.k, end=None if end is None else end.cpu(), **_mode_kwargs(case.mode))
         if case.mode == "any":
@@ -633,14 +640,7 @@ def test_gpu_topk_variant_exact(case, variant, monkeypatch):
     import tilelang_ops.topk as tk
 
     monkeypatch.setattr(tk, "TOPK_VARIANT", variant)
-    x, end, kw, (v, i) = _run_gpu_case(case, tk.topk)
-    rv, ri = topk_torch(x, case.k, **kw)
-    if case.mode == "any":
-        v, i = as_pairs_by_index(v, i)
-        rv, ri = as_pairs_by_index(rv, ri)
-    # integers and copied score bits: bitwise
-    compare_bitwise(f"indices {variant}", i, ri).check()
-    compare_bitwise(f"values {variant}", v, rv).check()
+    _check_gpu_case(case, tk.topk, f" {variant}")
 
 
 @requires_cuda
@@ -692,13 +692,7 @@ def test_gpu_topk_split_exact(case, split, monkeypatch):
     monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
     monkeypatch.setattr(tk, "MAX_SPLIT", split)
     assert tk._launch_split(case.b, case.n, tk._cache_cap(case.n), torch.device("cuda")) == split
-    x, end, kw, (v, i) = _run_gpu_case(case, tk.topk)
-    rv, ri = topk_torch(x, case.k, **kw)
-    if case.mode == "any":
-        v, i = as_pairs_by_index(v, i)
-        rv, ri = as_pairs_by_index(rv, ri)
-    compare_bitwise(f"indices split {split}", i, ri).check()
-    compare_bitwise(f"values split {split}", v, rv).check()
+    _check_gpu_case(case, tk.topk, f" split {split}")
 
 
 @requires_cuda
