@@ -602,12 +602,15 @@ V3_RES_STEP = 4  # keys compared per step of the rank loop (the gather pads to a
 
 # Rows of more than one candidate capacity may be split over a cluster of S CTAs ("split", a static argument
 # of topk_kernel_v3): every CTA draws the same sample (so all get the same bound thr without talking) and
-# compacts its share of the row's tiles straight into the lead CTA's list (DSMEM: slots from the lead's
-# counter by a remote atomic add, remote stores), one cluster barrier, and the lead alone goes on as with
-# one CTA. The row's one read is then spread over S SMs; the wrapper splits only when b * S CTAs fit on the
-# device at once. The prelude's helpers: a CTA's shared address in CTA `rank` of the cluster (mapa), a
-# 32-bit store / load / atomic add there, and the cluster barrier's halves (every thread of every CTA of
-# the cluster arrives).
+# compacts its share of the row's tiles into its own list (the one-CTA loop); the others then reserve room
+# at the top of the lead CTA's list (one remote atomic add) and copy their entries there (DSMEM), one
+# cluster barrier, and the lead moves that block after its own entries and goes on alone as with one CTA.
+# The row's one read is spread over S SMs; the wrapper splits only when that pays (see _v3_split). Tried
+# and dropped: compacting straight into the lead's list (a remote counter add per warp and tile, remote
+# stores) and a copy at exact offsets after exchanging the counts (two cluster barriers); both slower
+# (bench_results/h200.txt). The prelude's helpers: a CTA's shared address in CTA `rank` of the cluster
+# (mapa), a 32-bit store / atomic add there, and the cluster barrier's halves (every thread of every CTA
+# of the cluster arrives).
 CLUSTER_PRELUDE = """
 __device__ __forceinline__ unsigned tl_topk_cluster_addr(const void* p, unsigned rank) {
   unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
@@ -617,11 +620,6 @@ __device__ __forceinline__ unsigned tl_topk_cluster_addr(const void* p, unsigned
 __device__ __forceinline__ unsigned tl_topk_st_cluster(void* p, unsigned rank, unsigned v) {
   asm volatile("st.shared::cluster.u32 [%0], %1;" :: "r"(tl_topk_cluster_addr(p, rank)), "r"(v) : "memory");
   return 0u;
-}
-__device__ __forceinline__ unsigned tl_topk_ld_cluster(const void* p, unsigned rank) {
-  unsigned v;
-  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(tl_topk_cluster_addr(p, rank)) : "memory");
-  return v;
 }
 __device__ __forceinline__ unsigned tl_topk_atomic_add_cluster(void* p, unsigned rank, unsigned v) {
   unsigned old;
@@ -1384,6 +1382,7 @@ def _sm_count(device) -> int:
 
 
 def _launch_split(b: int, n: int, cache_cap: int, device) -> int:
+    """The split the wrappers launch: _v3_split on this device under the default variant, else 1."""
     return _v3_split(b, n, cache_cap, _sm_count(device)) if TOPK_VARIANT == "v3" else 1
 
 

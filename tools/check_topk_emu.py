@@ -60,7 +60,6 @@ inline int __reduce_add_sync(uint, int v, int line = __builtin_LINE()) { return 
 
 # the cluster helpers of tilelang_ops.topk.CLUSTER_PRELUDE (PTX there) on the emulator's cluster
 EMU_CLUSTER = """inline unsigned tl_topk_st_cluster(void* p, unsigned rank, unsigned v) { *emu_cluster_ptr((unsigned*)p, rank) = v; return 0u; }
-inline unsigned tl_topk_ld_cluster(const void* p, unsigned rank) { return *emu_cluster_ptr((unsigned*)p, rank); }
 inline unsigned tl_topk_atomic_add_cluster(void* p, unsigned rank, unsigned v) { unsigned* q = emu_cluster_ptr((unsigned*)p, rank); unsigned o = *q; *q = o + v; return o; }
 inline unsigned tl_topk_cluster_arrive() { emu_cluster_arrive(); return 0u; }
 inline unsigned tl_topk_cluster_wait() { emu_cluster_wait(); return 0u; }
