@@ -661,10 +661,10 @@ def test_gpu_topk_to_slots_variant(variant, monkeypatch):
 
 
 # v3 splits a sampled row (more entries than the candidate capacity) over a cluster of up to MAX_SPLIT CTAs
-# when b * split CTAs fit on the device. Each case runs with split 1, 2 and 4 (the wrapper's choice is
-# asserted, so a case that would not split fails instead of passing vacuously): shares of 1 to 64 tiles,
-# CTAs with no tile (3 tiles over 4 CTAs), lists that overflow the lead (equal, ties50), bounds that fail
-# (sampled, unsampled), every output option.
+# while b * split CTAs take at most half the SMs. Each case runs with split 1, 2, 4 and 8 (where they do;
+# the wrapper's choice is asserted, so a case that would not split fails instead of passing vacuously):
+# shares of 1 to 64 tiles, CTAs with no tile (3 tiles over 4 CTAs), lists that overflow the lead (equal,
+# ties50), bounds that fail (sampled, unsampled), every output option.
 SPLIT_CASES = [
     GpuCase("randn", 7, 65536, 2048, "random"),
     GpuCase("randn", 33, 9000, 512, "random"),  # 2 tiles
@@ -684,11 +684,13 @@ SPLIT_CASES = [
 
 
 @requires_cuda
-@pytest.mark.parametrize("split", [1, 2, 4])
+@pytest.mark.parametrize("split", [1, 2, 4, 8])
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=case_id)
 def test_gpu_topk_split_exact(case, split, monkeypatch):
     import tilelang_ops.topk as tk
 
+    if case.b * split > tk._sm_count(torch.device("cuda")) // 2:
+        pytest.skip(f"{case.b} rows x {split} CTAs: more than half the SMs (the wrapper would split less)")
     monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
     monkeypatch.setattr(tk, "MAX_SPLIT", split)
     assert tk._launch_split(case.b, case.n, tk._cache_cap(case.n), torch.device("cuda")) == split
@@ -721,15 +723,16 @@ def test_v3_split_choice(monkeypatch):
     import tilelang_ops.topk as tk
     from tilelang_ops.topk import CAND, MAX_CACHE, SMALL_CACHE, _v3_split
 
-    assert tk.MAX_SPLIT == 4
-    assert _v3_split(33, 65536, 0, 132) == 4 and _v3_split(34, 65536, 0, 132) == 1
+    assert tk.MAX_SPLIT == 8
+    # at most half the SMs: 8 CTAs per row up to 8 rows, 4 up to 16, 2 up to 33
+    assert [_v3_split(b, 65536, 0, 132) for b in (1, 8, 9, 16, 17, 33, 34)] == [8, 8, 4, 4, 2, 2, 1]
     assert _v3_split(64, 32768, MAX_CACHE, 132) == 1  # the decode shape: measured slower split
     assert _v3_split(128, 131072, 0, 132) == 1  # the rows already fill the device
     assert _v3_split(1, CAND, MAX_CACHE, 132) == 1  # one tile: never sampled, never split
     assert _v3_split(1, SMALL_CACHE, SMALL_CACHE, 132) == 1
-    assert _v3_split(1, CAND + 1, MAX_CACHE, 132) == 4
+    assert _v3_split(1, CAND + 1, MAX_CACHE, 132) == 8
     monkeypatch.setattr(tk, "MAX_SPLIT", 2)
-    assert _v3_split(66, 65536, 0, 132) == 2 and _v3_split(67, 65536, 0, 132) == 1
+    assert _v3_split(33, 65536, 0, 132) == 2 and _v3_split(34, 65536, 0, 132) == 1
 
 
 def test_topk_variant_names():

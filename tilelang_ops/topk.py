@@ -41,11 +41,11 @@ Top-k algorithm (one CTA of 1024 threads per row), exact and deterministic:
   ordered pass. v3's radix digits are 12 bits (4096 bins); once the threshold bin holds at most 256
   keys (list or registers), they are gathered and each is ranked against all (one warp per 32 keys) to
   find the kk-th largest with its multiplicity, instead of further passes.
-* v3 on few long rows (b * MAX_SPLIT CTAs fit on the device): a cluster of MAX_SPLIT CTAs per row. Each
+* v3 on few long rows (up to 8 CTAs per row while all take at most half the SMs): a cluster per row. Each
   draws the same sample (the same thr, no talking), compacts its share of the row's tiles into its own
   list, and the others copy theirs into the lead's list through distributed shared memory (room
-  reserved with one remote add), one cluster barrier, then the lead goes on alone. 1 x 65536: 20.6 ->
-  17.8 us on the H200; at 64 rows it measured slower (see _v3_split), so it is not used there.
+  reserved with one remote add), one cluster barrier, then the lead goes on alone. 1 x 65536: 20.7 ->
+  17.0 us on the H200, 1 x 1M 109 -> 49 us; at 64 rows it measured slower (see _v3_split).
 * Lanes [min(k, end), k) get the fills; `end` is clamped to [0, n] in the kernel so a bad `end` can
   never read outside the row (the value check runs under TILELANG_OPS_DEBUG=1).
 """
@@ -636,7 +636,7 @@ __device__ __forceinline__ unsigned tl_topk_cluster_wait() {
   return 0u;
 }
 """
-MAX_SPLIT = 4  # CTAs per split row (the wrapper's choice: see _v3_split)
+MAX_SPLIT = 8  # CTAs per split row at most (the wrapper's choice: see _v3_split)
 
 
 def _v3_cand_cap(cache_cap: int) -> int:
@@ -1362,14 +1362,18 @@ def _topk_jit(*static, split=1):
 
 
 def _v3_split(b: int, n: int, cache_cap: int, sms: int) -> int:
-    """CTAs per row for v3 (see CLUSTER_PRELUDE): MAX_SPLIT when the b rows' CTAs all run at once on `sms`
-    SMs (one 1024-thread CTA per SM), else 1; 1 for rows that are never sampled (n <= capacity).
-    Measured on the H200 (us, randn, split 1 / 2 / 4): 1 x 65536 20.7 / 19.9 / 17.9, where one SM's read of
-    the row is the bound; 64 x 32768 17.3 / 18.6 / -, where 64 SMs already draw most of the bandwidth and
-    the cluster barrier and the list copy cost more than the halved read saves. So no split at 2."""
-    if n <= _v3_cand_cap(cache_cap) or b * MAX_SPLIT > sms:
+    """CTAs per row for v3 (see CLUSTER_PRELUDE): the most, up to MAX_SPLIT, such that the b rows' CTAs
+    take at most half the `sms` SMs (one 1024-thread CTA per SM); 1 for rows that are never sampled
+    (n <= capacity). Measured on the H200 (us, randn, k = 2048, split 1 / 4 / 8): 1 x 65536 20.7 / 17.8 /
+    17.0, 1 x 131072 25.1 / 18.5 / 17.0, 8 x 262144 40.7 / 26.1 / 23.4, 1 x 1M 109.0 / 59.9 / 49.2, where
+    one SM's read of the row is the bound; but 16 x 131072 26.6 / 20.4 / 26.9 and 64 x 32768 at split 1 /
+    2 17.3 / 18.6: once the clusters' CTAs pass ~half the SMs the split costs more than it saves."""
+    if n <= _v3_cand_cap(cache_cap):
         return 1
-    return MAX_SPLIT
+    split = MAX_SPLIT
+    while split > 1 and b * split > sms // 2:
+        split //= 2
+    return split
 
 
 _SMS = {}
@@ -1681,8 +1685,8 @@ def build_all(quick: bool = False) -> list[str]:
             factory = topk_kernel_v3 if variant == "v3" else topk_kernel
             configs.append((f"{name} {variant}", factory, static if variant == "v3" else static + (variant,)))
     # v3 rows split over a cluster (CLUSTER_PRELUDE): the decode tier, the uncached tier, the fused slots
-    for name, static, split in ((paths[1][0], paths[1][1], 2), (paths[0][0], paths[0][1], 4),
-                                (paths[4][0], paths[4][1], 2)):
+    for name, static, split in ((paths[1][0], paths[1][1], 2), (paths[0][0], paths[0][1], 8),
+                                (paths[4][0], paths[4][1], 4)):
         configs.append((f"{name} split{split}", topk_kernel_v3, static + (split,)))
     configs += [
         ("block_max bs16 fp32", block_max_kernel, (16, "float32")),
