@@ -42,25 +42,32 @@ def _variant(name):
         topk_mod.TOPK_VARIANT = saved
 
 
+def split_times(fn, b, n, splits, flush) -> dict:
+    """Times of fn with tilelang_ops.topk.MAX_SPLIT set to each of `splits`, for those where the wrapper
+    then launches exactly that many CTAs per row on b rows of n entries (keys "split<S>")."""
+    out = {}
+    saved = topk_mod.MAX_SPLIT
+    try:
+        for split in splits:
+            topk_mod.MAX_SPLIT = split
+            if topk_mod._launch_split(b, n, topk_mod._cache_cap(n), torch.device("cuda")) == split:
+                out[f"split{split}"] = time_us(fn, flush_bytes=flush)
+    finally:
+        topk_mod.MAX_SPLIT = saved
+    return out
+
+
 def _peers(fn, flush, b, n) -> dict:
     """Times of fn under each peer variant that is not the default (keys: the variant names), and, where
-    v3 splits these rows over a cluster, v3 on one CTA per row ("split1") and on half as many CTAs as the
-    default ("split2" with MAX_SPLIT = 4)."""
+    v3 splits these rows over a cluster, v3 on one CTA per row ("split1") and on half the default's largest
+    split ("split4" with MAX_SPLIT = 8)."""
     out = {}
     for name in PEER_VARIANTS:
         if name != topk_mod.TOPK_VARIANT:
             with _variant(name):
                 out[name] = time_us(fn, flush_bytes=flush)
-    sms = topk_mod._sm_count(torch.device("cuda"))
-    if topk_mod.TOPK_VARIANT == "v3" and topk_mod._v3_split(b, n, topk_mod._cache_cap(n), sms) > 1:
-        saved = topk_mod.MAX_SPLIT
-        for split in (1, saved // 2):  # one CTA per row, and half the default's split
-            topk_mod.MAX_SPLIT = split
-            try:
-                if topk_mod._v3_split(b, n, topk_mod._cache_cap(n), sms) == split:
-                    out[f"split{split}"] = time_us(fn, flush_bytes=flush)
-            finally:
-                topk_mod.MAX_SPLIT = saved
+    if topk_mod._launch_split(b, n, topk_mod._cache_cap(n), torch.device("cuda")) > 1:
+        out.update(split_times(fn, b, n, (1, topk_mod.MAX_SPLIT // 2), flush))
     return out
 
 

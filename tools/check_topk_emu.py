@@ -7,8 +7,9 @@ fused slots), bmax (block max, NaN payloads), adv (estimate too high / too low, 
 capacity, 50-way ties, k = 1, k = row). Every variant in tilelang_ops.topk.VARIANTS runs (v1, and v3 with
 its own factory topk_kernel_v3); `--variant v3` (or a comma list) picks some. `--mutate "old=>new"` patches
 the generated source once (to check that a broken kernel is caught). v3 splits rows over a cluster as the
-wrapper would on a device of `--sms` SMs (default 132, the H200: rows of b <= 66 split; `--sms 1` never
-splits), with at most `--max-split` CTAs per row (default tilelang_ops.topk.MAX_SPLIT).
+wrapper would on a device of `--sms` SMs (default 132, the H200: rows of b <= 33 split, the clusters taking
+at most half the SMs; `--sms 1` never splits), with at most `--max-split` CTAs per row (default
+tilelang_ops.topk.MAX_SPLIT).
 
     PYTHONPATH=. .venv/bin/python tools/check_topk_emu.py [--variant v1,v3] [--seeds 0,1] [--mutate S]
         [--sms N] [--max-split S] [set ...]
