@@ -589,6 +589,15 @@ V3_SAMPLE_SHORT = 2
 # (the former kt = 1.25 mu + 64, over 2048 bins: ~8 sd) to ~3.4k (a numpy model of the sample and its bins).
 V3_SAMPLE_SD = 4.5
 V3_SAMPLE_PAD = 8
+# The bins span the sample's [min, max]: 2^20 keys each on randn (whose sample spans both signs), a quarter
+# of a unit at |x| ~ 2.5, so a bin's lower edge can sit well below the kt-th sample key, and a long row
+# multiplies that slack by row / sample. At 1M entries and k = 2048 the keys >= the edge overflowed the
+# candidate list in about a third of the randn rows, which then fell back to reading the row again (H200,
+# tools/sweep_topk.py: 64 x 1M 644 us, against 119 us at k = 512). So when the sample keys >= the edge,
+# scaled to the row, could pass half the capacity, the sample keys of that one bin are histogrammed again
+# over their own [min, max] (V3_NB sub-bins), and thr becomes the lower edge of the sub-bin of the same kt-th
+# key (64 x 1M, k = 2048: 644 -> 121 us). The sample and so the choice are the same in every CTA of a split
+# row.
 V3_ROUNDS = PASSES + 2  # first compaction, <= 3 radix passes, at most one fallback compaction
 V3_BITS = 12  # radix digit of v3's passes (v1: RADIX_BITS); 2^32 -> 2^20 -> 2^8 -> 1 keys
 V3_NB = 1 << V3_BITS
@@ -868,6 +877,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             pos = T.alloc_var("int32")
             oi = T.alloc_var("int32")
             kt = T.alloc_var("int32")
+            rk = T.alloc_var("int32")
             b0 = T.alloc_var("uint32")
             wsum = T.alloc_var("int32")
             cv = T.alloc_var("int32")
@@ -975,6 +985,39 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     select_bin(kt, s_hist, s_scan, s_sel, tx, lane, warp)
                     T.sync_threads()
                     thr = kmin + (T.Cast("uint32", s_sel[0]) << T.Cast("uint32", sh))
+                    rk = s_sel[1]  # the kt-th largest sample key is the rk-th largest in its bin
+                    if T.And(sh > 0, T.Cast("int64", kt - rk + s_sel[2]) * T.Cast("int64", e)
+                             > T.Cast("int64", (cap // 2) * ssz)):
+                        # [min, max] of the sample keys in that bin, then (unless they are one key, as in
+                        # few-valued rows, where a histogram would only pile up on one counter) a second
+                        # histogram of them over V3_NB sub-bins: thr moves up from the bin's lower edge to
+                        # the sub-bin of the same kt-th key (see V3_SAMPLE_PAD).
+                        hi_bin = T.min(T.Cast("uint64", kmax), T.Cast("uint64", thr)
+                                       + ((T.uint64(1) << T.Cast("uint64", sh)) - T.uint64(1)))
+                        lo_bin = T.Cast("uint32", hi_bin)  # the bin's highest key
+                        kmin = KEY_MAX
+                        kmax = ZERO
+                        for u in T.unroll(su):
+                            kmin = T.min(kmin, T.if_then_else(T.And(kb[u] >= thr, kb[u] <= lo_bin), kb[u],
+                                                              KEY_MAX))
+                            kmax = T.max(kmax, T.if_then_else(T.And(kb[u] >= thr, kb[u] <= lo_bin), kb[u],
+                                                              ZERO))
+                        publish_min_max(kmin, kmax, s_mm, lane, warp)
+                        for q in T.unroll(V3_BPT):
+                            s_hist[q * THREADS + tx] = 0
+                        T.sync_threads()
+                        gather_min_max(mm, s_mm, lane)
+                        kmin = mm[0]
+                        kmax = mm[1]
+                        thr = kmin  # <= the kt-th key, which is in the bin
+                        if kmin != kmax:
+                            sh = T.max(0, (32 - V3_BITS) - T.Cast("int32", T.clz(kmax - kmin)))
+                            for u in T.unroll(su):
+                                hist_key(kb, u, mm, kmin, kmax, sh, s_hist, lane)
+                            T.sync_threads()
+                            select_bin(rk, s_hist, s_scan, s_sel, tx, lane, warp)
+                            T.sync_threads()
+                            thr = kmin + (T.Cast("uint32", s_sel[0]) << T.Cast("uint32", sh))
                 T.sync_threads()  # s_mm / s_scan / s_sel / s_hist are reused
 
             for _rnd in T.serial(V3_ROUNDS):

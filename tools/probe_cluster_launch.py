@@ -19,7 +19,7 @@ from tilelang_ops.topk import CLUSTER_PRELUDE  # noqa: E402
 
 
 @tilelang.jit
-def probe(cluster: int, syncs: int):
+def probe(cluster: int, syncs: int, smem_words: int = 0):
     b = T.dynamic("b")
 
     @T.prim_func
@@ -27,6 +27,11 @@ def probe(cluster: int, syncs: int):
         with T.Kernel(b * cluster, threads=1024, prelude=CLUSTER_PRELUDE if cluster > 1 else None,
                       cluster_dims=cluster if cluster > 1 else None) as bx:
             tx = T.get_thread_binding()
+            if smem_words:  # a shared buffer of this size that is really used (not optimized away)
+                s = T.alloc_shared([smem_words], "int32")
+                s[tx] = tx
+                T.sync_threads()
+                x[bx // cluster] = s[smem_words - 1 - tx]
             for _ in T.serial(syncs):
                 if cluster > 1:
                     T.call_extern("uint32", "tl_topk_cluster_arrive")
@@ -48,3 +53,10 @@ if __name__ == "__main__":
                 kern = probe(cl, syncs)
                 us = time_us(lambda kern=kern, x=x: kern(x), flush_bytes=256 << 20)
                 print(f"PROBE rows={rows} cluster={cl} syncs={syncs} us={us:.2f}", flush=True)
+    # the launch cost of the dynamic shared memory size alone (one 1024-thread CTA per row)
+    for rows in (64, 128):
+        x = torch.zeros(rows, dtype=torch.int32, device="cuda")
+        for kib in (0, 8, 32, 64, 96, 160, 220):
+            kern = probe(1, 0, kib * 256)
+            us = time_us(lambda kern=kern, x=x: kern(x), flush_bytes=256 << 20)
+            print(f"PROBE rows={rows} smem_kib={kib} us={us:.2f}", flush=True)
