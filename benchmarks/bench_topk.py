@@ -20,7 +20,8 @@ from benchmarks.harness import time_us
 from tilelang_ops.topk import topk, topk_to_slots
 
 OP = "topk"
-SHAPES = [(128, 131072, 2048), (64, 32768, 2048), (1, 65536, 2048), (64, 8192, 512)]
+# the issue's four shapes, then many short rows (a prefill's queries against a short context)
+SHAPES = [(128, 131072, 2048), (64, 32768, 2048), (1, 65536, 2048), (64, 8192, 512), (4096, 2048, 512)]
 DISTS = {"": "randn", "_conc": "conc", "_tiny": "tiny", "_equal": "equal", "_few": "few",
          "_sorted": "sorted"}
 PEER_VARIANTS = topk_mod.VARIANTS  # timed next to the default, all but the default itself
@@ -42,6 +43,17 @@ def _variant(name):
         topk_mod.TOPK_VARIANT = saved
 
 
+@contextlib.contextmanager
+def forced_threads(threads):
+    """v3 launches `threads` per CTA on every row it does not split (instead of _v3_threads's choice)."""
+    saved = topk_mod._v3_threads
+    topk_mod._v3_threads = lambda b, n, cache_cap, sms: threads
+    try:
+        yield
+    finally:
+        topk_mod._v3_threads = saved
+
+
 def split_times(fn, b, n, splits, flush) -> dict:
     """Times of fn with tilelang_ops.topk.MAX_SPLIT set to each of `splits`, for those where the wrapper
     then launches exactly that many CTAs per row on b rows of n entries (keys "split<S>")."""
@@ -58,9 +70,10 @@ def split_times(fn, b, n, splits, flush) -> dict:
 
 
 def _peers(fn, flush, b, n) -> dict:
-    """Times of fn under each peer variant that is not the default (keys: the variant names), and, where
-    v3 splits these rows over a cluster, v3 on one CTA per row ("split1") and on half the default's largest
-    split ("split4" with MAX_SPLIT = 8)."""
+    """Times of fn under each peer variant that is not the default (keys: the variant names); where v3
+    splits these rows over a cluster, v3 on one CTA per row ("split1") and on half the default's largest
+    split ("split4" with MAX_SPLIT = 8); where v3 launches fewer threads per CTA, v3 on the full CTA
+    ("threads1024")."""
     out = {}
     for name in PEER_VARIANTS:
         if name != topk_mod.TOPK_VARIANT:
@@ -68,6 +81,9 @@ def _peers(fn, flush, b, n) -> dict:
                 out[name] = time_us(fn, flush_bytes=flush)
     if topk_mod._launch_split(b, n, topk_mod._cache_cap(n), torch.device("cuda")) > 1:
         out.update(split_times(fn, b, n, (1, topk_mod.MAX_SPLIT // 2), flush))
+    if topk_mod._launch(b, n, torch.device("cuda"))["threads"] != topk_mod.THREADS:
+        with forced_threads(topk_mod.THREADS):
+            out[f"threads{topk_mod.THREADS}"] = time_us(fn, flush_bytes=flush)
     return out
 
 

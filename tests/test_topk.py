@@ -499,6 +499,7 @@ def test_build_sm90():
     built = build_all(quick=True)
     assert f"topk_to_slots fp32 cand16 Bc64 {TOPK_VARIANT}" in built
     assert all(f"topk fp32 uncached {v}" in built for v in ("v1", "v3"))
+    assert "topk fp32 cache32768 threads512" in built
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -701,15 +702,49 @@ def test_gpu_topk_split_exact(case, split, monkeypatch):
     _check_gpu_case(case, tk.topk, f" split {split}")
 
 
+# v3 with fewer threads per CTA (several CTAs per SM: what the wrapper launches for many short rows, see
+# _v3_threads), forced on every case (one CTA per row); the launched thread count is asserted. One-tile rows
+# (up to 8 x threads entries, keys in registers), rows of a few tiles (the candidate list, with a sample
+# in the 32768 tier), an uncached row, ties, bounds that fail, every output option.
+THREADS_CASES = [
+    GpuCase("randn", 300, 2048, 512, "random"),
+    GpuCase("special", 64, 4096, 1000, "random", "bf16"),
+    GpuCase("few", 64, 8192, 512, "random"),
+    GpuCase("equal", 64, 2048, 64, "random", mode="sorted"),
+    GpuCase("randn", 64, 32768, 2048, "random"),
+    GpuCase("conc", 64, 20000, 2048),
+    GpuCase("ties50", 64, 8192, 300, "random", mode="sorted_index"),
+    GpuCase("tiny", 64, 4096, 4096, "random"),
+    GpuCase("randn", 300, 100, 8, "random"),
+    GpuCase("unsampled", 16, 32768, 2048),
+    GpuCase("randn", 4, 65536, 2048, "random"),
+    GpuCase("ascending", 8, 8192, 4095, "random", mode="sorted"),
+]
+
+
 @requires_cuda
-@pytest.mark.parametrize("split", [1, 2])
-def test_gpu_topk_to_slots_split(split, monkeypatch):
+@pytest.mark.parametrize("threads", [256, 512])
+@pytest.mark.parametrize("case", THREADS_CASES, ids=case_id)
+def test_gpu_topk_threads_exact(case, threads, monkeypatch):
+    import tilelang_ops.topk as tk
+
+    monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
+    monkeypatch.setattr(tk, "MAX_SPLIT", 1)
+    monkeypatch.setattr(tk, "_v3_threads", lambda b, n, cache_cap, sms: threads)
+    assert tk._launch(case.b, case.n, torch.device("cuda")) == {"split": 1, "threads": threads}
+    _check_gpu_case(case, tk.topk, f" threads {threads}")
+
+
+@requires_cuda
+@pytest.mark.parametrize("split, threads", [(1, 1024), (2, 1024), (1, 256)])
+def test_gpu_topk_to_slots_launch(split, threads, monkeypatch):
     import tilelang_ops.topk as tk
 
     monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
     monkeypatch.setattr(tk, "MAX_SPLIT", split)
+    monkeypatch.setattr(tk, "_v3_threads", lambda b, n, cache_cap, sms: threads)
     b, n, k, bc, bs = 8, 30000, 2048, 64, 16
-    assert tk._launch_split(b, n, tk._cache_cap(n), torch.device("cuda")) == split
+    assert tk._launch(b, n, torch.device("cuda")) == {"split": split, "threads": threads}
     end = make_end("random", b, n, k, device="cuda")
     x = poison_beyond_end(make_scores("randn", b, n, device="cuda"), end)
     table = torch.randint(0, 100000, (b, 1000), dtype=torch.int32, device="cuda")
@@ -720,7 +755,7 @@ def test_gpu_topk_to_slots_split(split, monkeypatch):
     _, idx = topk_torch(x, k, end=end)
     restore_candidate_indices_ref_(idx, blocks, bs)
     want = convert_kv_index_ref_(idx.reshape(b, 1, k), bc, end.clamp(max=k).reshape(b, 1), table)
-    compare_bitwise(f"slots split {split}", got, want.reshape(b, k)).check()
+    compare_bitwise(f"slots split {split} threads {threads}", got, want.reshape(b, k)).check()
 
 
 def test_v3_split_choice(monkeypatch):
@@ -737,6 +772,25 @@ def test_v3_split_choice(monkeypatch):
     assert _v3_split(1, CAND + 1, MAX_CACHE, 132) == 8
     monkeypatch.setattr(tk, "MAX_SPLIT", 2)
     assert _v3_split(33, 65536, 0, 132) == 2 and _v3_split(34, 65536, 0, 132) == 1
+
+
+def test_v3_launch_choice():
+    from tilelang_ops.topk import SHORT_ROW_THREADS, THREADS, _jit_args, _v3_launch
+
+    # 256-thread CTAs for more short rows (<= 4096 entries) than SMs; a split row keeps the full CTA
+    assert SHORT_ROW_THREADS == 256 and THREADS == 1024
+    assert _v3_launch(133, 2048, 132) == {"split": 1, "threads": 256}
+    assert _v3_launch(4096, 4096, 132) == {"split": 1, "threads": 256}
+    assert _v3_launch(132, 2048, 132) == {"split": 1, "threads": 1024}  # a row per SM anyway
+    assert _v3_launch(4096, 4097, 132) == {"split": 1, "threads": 1024}  # the 32768 tier
+    assert _v3_launch(4096, 65536, 132) == {"split": 1, "threads": 1024}
+    assert _v3_launch(1, 65536, 132) == {"split": 8, "threads": 1024}
+    # the default launch keeps the factory's default arguments (and so its cache key)
+    static = ("float32", "int32", "int32", 0, False, False, -1, float("-inf"), "topk", 0, 1)
+    assert _jit_args(*static, "v3") == ("topk_kernel_v3", static)
+    assert _jit_args(*static, "v3", split=2) == ("topk_kernel_v3", static + (2,))
+    assert _jit_args(*static, "v3", threads=256) == ("topk_kernel_v3", static + (1, 256))
+    assert _jit_args(*static, "v1") == ("topk_kernel", static + ("v1",))
 
 
 def test_topk_variant_names():

@@ -82,6 +82,7 @@ CAND = 8192
 # Rows up to this many entries keep their keys in shared memory between passes (128 KiB of keys).
 MAX_CACHE = 32768
 SMALL_CACHE = 4096  # short rows use a 16 KiB cache so several CTAs fit on an SM
+SHORT_ROW_THREADS = 256  # v3's CTA for many rows of this tier (four per SM; see _v3_threads)
 
 # Kernel variants (the last static argument of ``_topk_jit``; both stay compiled and tested):
 # * "v1" (`topk_kernel`): GPU-verified (exact on every test case): histogram adds aggregated with
@@ -103,22 +104,16 @@ def _lin(it, u, tx):
     return it * TILE + u * THREADS + tx
 
 
-def _lin_warp(it, u, tx):
-    """v3: row entry handled by thread tx for lane group u of tile it, where a warp owns UNROLL * 32
-    consecutive entries (one count per warp and one cross-warp scan per tile in the ordered scans)."""
-    return it * TILE + (tx // 32) * (UNROLL * 32) + u * 32 + tx % 32
-
-
 def _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fill, mode, cand_bs, block_c,
-                 nc, mb):
+                 nc, mb, threads=THREADS):
     """The output-lane macros both top-k factories share: `fills` writes the fill values to the lanes
     [min(e, k), k) of a row, `emit` gives lane `pos` row entry `oi` (the mode's index transform and the
     value copy)."""
 
     @T.macro
     def fills(values, indices, row, tx, k, e):
-        for it in T.serial(T.ceildiv(k, THREADS)):
-            ln = it * THREADS + tx
+        for it in T.serial(T.ceildiv(k, threads)):
+            ln = it * threads + tx
             if ln < k and ln >= T.min(e, k):
                 indices[row, ln] = T.Cast(idx_dtype, idx_fill)
                 if with_values:
@@ -555,7 +550,7 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # Variant "v3": its own factory (safe-memory legalization off: every global index is bounded by the clamped
 # `end` or by k), same contract and key as v1. Cheaper on-chip work than v1: a warp whose lanes all hit one
 # bin adds 32 once, else every lane adds 1 (no match_any_sync); a warp owns UNROLL * 32 consecutive entries
-# of a tile (`_lin_warp`; still one coalesced 128 B load per instruction), so an ordered scan needs one
+# of a tile (v3's `lin`; still one coalesced 128 B load per instruction), so an ordered scan needs one
 # count per warp and one cross-warp scan per tile instead of one per strip; row reads are software-pipelined
 # (tile it + 1 in flight while tile it is processed); the lane class rides in the rank register (no spills);
 # the sample is 256 runs of 32 (64 in the 32768 tier) spread evenly over the row (sorted or otherwise
@@ -680,23 +675,39 @@ def _warp_sum(x):
 def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: str = "int32",
                    cache_cap: int = 0, with_values: bool = True, with_offset: bool = False,
                    idx_fill: int = -1, val_fill: float = float("-inf"), mode: str = "topk",
-                   cand_bs: int = 0, block_c: int = 1, split: int = 1):
+                   cand_bs: int = 0, block_c: int = 1, split: int = 1, threads: int = THREADS):
     """Variant v3 of `topk_kernel` (same arguments but the variant, plus `split`: CTAs per row, a cluster
-    when > 1; see CLUSTER_PRELUDE)."""
+    when > 1, see CLUSTER_PRELUDE; and `threads` per CTA: fewer for many short rows, see _v3_threads)."""
     total = T.dynamic("total", "int64")  # flat scores storage: (b - 1) * ld + n elements
     b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
     nc, mb = T.dynamic("nc, mb")
+    NT = threads  # threads per CTA
+    NW = NT // 32  # warps
+    TL = NT * UNROLL  # row entries per tile
+    BPT = V3_NB // NT  # histogram bins per thread in the clear and the scan
     cap = _v3_cand_cap(cache_cap)  # candidate slots
     su = UNROLL if cache_cap == 0 else V3_SAMPLE_SHORT  # sample runs of 32 entries per thread
-    ssz = THREADS * su  # sample size
+    ssz = NT * su  # sample size
     bmw = V3_BMW if cache_cap == 0 else cache_cap // 32  # bitmap words per class: the row tiers need one
     win = bmw * 32  # indices per rank window
-    wpt = max(1, bmw // THREADS)  # bitmap words per thread in the rank scan
+    wpt = max(1, bmw // NT)  # bitmap words per thread in the rank scan
     ZERO, KEY_MAX, NO_BIN = T.uint32(0), T.uint32(0xFFFFFFFF), T.uint32(0xFFFFFFFF)
     NEG_INF_BITS = T.uint32(0xFF800000)
     TIE = 1 << 16  # packed counts: taken-for-sure in the low 16 bits, ties above
     S = split
     assert S in (1, 2, 4, 8), split
+    # fewer threads only for one CTA per row (the split's block move holds cap / NT entries per thread);
+    # the rank step needs a warp per 32 of its V3_RES keys
+    assert NT in (256, 512, 1024) and (S == 1 or NT == THREADS) and NW * 32 >= V3_RES, (threads, split)
+
+    def lin(it, u, tx):
+        """The row entry of thread tx for lane group u of tile it: a warp owns UNROLL * 32 consecutive
+        entries (one count per warp and one cross-warp scan per tile in the ordered scans)."""
+        return it * TL + (tx // 32) * (UNROLL * 32) + u * 32 + tx % 32
+
+    def per_warp(buf, r, lane, fill):
+        """buf[r, lane] (a value per warp, buffers sized for 32 warps), `fill` in lanes past the last warp."""
+        return buf[r, lane] if NW == 32 else T.if_then_else(lane < NW, buf[r, lane], fill)
 
     def lead_only(cond, rank):
         """cond, and (split rows) this CTA is the row's lead (cluster rank 0), which alone writes outputs."""
@@ -715,13 +726,13 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
         return _f32_bits(scores[i])
 
     fills, emit = _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fill, mode,
-                               cand_bs, block_c, nc, mb)
+                               cand_bs, block_c, nc, mb, NT)
 
     @T.macro
     def load_tile(scores, kn, base, it, lim, tx):
         """kn = the raw bits of tile `it` of the row (0 at and past `lim`): the loads of a pipelined read."""
         for u in T.unroll(UNROLL):
-            kn[u] = T.if_then_else(_lin_warp(it, u, tx) < lim, raw(scores, base + _lin_warp(it, u, tx)), ZERO)
+            kn[u] = T.if_then_else(lin(it, u, tx) < lim, raw(scores, base + lin(it, u, tx)), ZERO)
 
     @T.macro
     def next_keys(scores, kb, kn, base, it, lim, tx):
@@ -731,7 +742,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             kb[u] = kn[u]
         load_tile(scores, kn, base, it + 1, lim, tx)
         for u in T.unroll(UNROLL):
-            kb[u] = T.if_then_else(_lin_warp(it, u, tx) < lim, _key(kb[u]), ZERO)
+            kb[u] = T.if_then_else(lin(it, u, tx) < lim, _key(kb[u]), ZERO)
 
     @T.macro
     def hist_key(kb, j, mm, lo, hi, sh, s_hist, lane):
@@ -778,13 +789,13 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
     @T.macro
     def gather_min_max(mm, s_mm, lane):
         """Block [min, max], second half (a barrier after publish_min_max): mm = [min, max] over the warps."""
-        mm[0] = _warp_min(s_mm[0, lane])
-        mm[1] = _warp_max(s_mm[1, lane])
+        mm[0] = _warp_min(per_warp(s_mm, 0, lane, KEY_MAX))
+        mm[1] = _warp_max(per_warp(s_mm, 1, lane, ZERO))
 
     @T.macro
     def select_bin(rank, s_hist, s_scan, s_sel, tx, lane, warp):
         """After a histogram (a barrier ago): the bin holding the rank-th largest key. Thread t owns bins
-        V3_NB-1-V3_BPT*t-j, j < V3_BPT, a block scan runs in descending bin order, and the owner writes
+        V3_NB-1-BPT*t-j, j < BPT, a block scan runs in descending bin order, and the owner writes
         s_sel = [bin, rank - keys in the bins above it, keys in it] (read after the caller's barrier)."""
         c = T.alloc_var("int32")
         incl = T.alloc_local([1], "int32")
@@ -792,17 +803,17 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
         wpre = T.alloc_var("int32")
         h = T.alloc_var("int32")
         c = 0
-        for j in T.unroll(V3_BPT):
-            c = c + s_hist[V3_NB - 1 - V3_BPT * tx - j]
+        for j in T.unroll(BPT):
+            c = c + s_hist[V3_NB - 1 - BPT * tx - j]
         warp_scan(c, incl, s_scan, lane, warp)
         T.sync_threads()
         tmp = T.if_then_else(lane < warp, s_scan[0, lane], 0)
         tmp = _warp_sum(tmp)
         wpre = tmp + incl[0] - c  # keys in bins above my bins
-        for j in T.unroll(V3_BPT):
-            h = s_hist[V3_NB - 1 - V3_BPT * tx - j]
+        for j in T.unroll(BPT):
+            h = s_hist[V3_NB - 1 - BPT * tx - j]
             if wpre < rank and rank <= wpre + h:
-                s_sel[0] = V3_NB - 1 - V3_BPT * tx - j
+                s_sel[0] = V3_NB - 1 - BPT * tx - j
                 s_sel[1] = rank - wpre
                 s_sel[2] = h
             wpre = wpre + h
@@ -820,7 +831,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
         ld: T.int64,
         has_end: T.int32,
     ):
-        with T.Kernel(b if S == 1 else b * S, threads=THREADS, prelude=CLUSTER_PRELUDE if S > 1 else None,
+        with T.Kernel(b if S == 1 else b * S, threads=NT, prelude=CLUSTER_PRELUDE if S > 1 else None,
                       cluster_dims=S if S > 1 else None) as bx:
             row = bx if S == 1 else bx // S
             rank = 0 if S == 1 else bx % S  # this CTA's rank in the row's cluster
@@ -828,7 +839,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             lane = tx % 32
             warp = tx // 32
             s_hist = T.alloc_shared([V3_NB], "int32")  # radix histogram; in the final rank: word prefixes
-            s_scan = T.alloc_shared([2, WARPS], "int32")
+            s_scan = T.alloc_shared([2, WARPS], "int32")  # a value per warp (per_warp)
             s_sel = T.alloc_shared([4], "int32")
             s_small = T.alloc_shared([V3_RES], "uint32")  # the <= V3_RES keys of a small threshold bin
             s_mm = T.alloc_shared([2, WARPS], "uint32")  # per-warp min / max
@@ -925,17 +936,17 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 fills(values, indices, row, tx, k, e)
             if lead_only(take_all != 0, rank):
                 # every valid entry is taken: lane i holds entry i (ascending index)
-                for q in T.serial(T.ceildiv(e, THREADS)):
-                    if q * THREADS + tx < e:
-                        emit(scores, offset, cand, table, values, indices, row, base, q * THREADS + tx,
-                             q * THREADS + tx)
+                for q in T.serial(T.ceildiv(e, NT)):
+                    if q * NT + tx < e:
+                        emit(scores, offset, cand, table, values, indices, row, base, q * NT + tx,
+                             q * NT + tx)
 
-            if lead_only(T.And(take_all == 0, e <= TILE), rank):
+            if lead_only(T.And(take_all == 0, e <= TL), rank):
                 # Short rows (one tile): the keys stay in registers (src 3; key 0, below every real
                 # key, past the end); the radix passes and the ordered pass run on them, so there is
                 # no candidate list, no bitmap rank and no second read.
                 for u in T.unroll(UNROLL):
-                    i = _lin_warp(0, u, tx)
+                    i = lin(0, u, tx)
                     kb[u] = T.if_then_else(i < e, _key(raw(scores, base + i)), ZERO)
                 kmin = KEY_MAX
                 kmax = ZERO
@@ -953,19 +964,19 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 T.sync_threads()  # s_mm is rewritten by the first pass
 
             if T.And(take_all == 0, T.And(src == 0, e > cap)):
-                # Longer rows: a lower bound thr of the threshold from a sample (WARPS * su runs of 32
+                # Longer rows: a lower bound thr of the threshold from a sample (NW * su runs of 32
                 # spread over the row): the bin of its kt-th largest key (kt: see V3_SAMPLE_SD). Used only
                 # if exactly counted k <= count (then every winner is >= thr).
                 for u in T.unroll(su):
-                    kb[u] = _key(raw(scores, base + (warp * su + u) * (e // (WARPS * su)) + lane))
+                    kb[u] = _key(raw(scores, base + (warp * su + u) * (e // (NW * su)) + lane))
                 kmin = KEY_MAX
                 kmax = ZERO
                 for u in T.unroll(su):
                     kmin = T.min(kmin, kb[u])
                     kmax = T.max(kmax, kb[u])
                 publish_min_max(kmin, kmax, s_mm, lane, warp)
-                for q in T.unroll(V3_BPT):
-                    s_hist[q * THREADS + tx] = 0
+                for q in T.unroll(BPT):
+                    s_hist[q * NT + tx] = 0
                 T.sync_threads()
                 gather_min_max(mm, s_mm, lane)
                 kmin = mm[0]
@@ -1003,8 +1014,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             kmax = T.max(kmax, T.if_then_else(T.And(kb[u] >= thr, kb[u] <= lo_bin), kb[u],
                                                               ZERO))
                         publish_min_max(kmin, kmax, s_mm, lane, warp)
-                        for q in T.unroll(V3_BPT):
-                            s_hist[q * THREADS + tx] = 0
+                        for q in T.unroll(BPT):
+                            s_hist[q * NT + tx] = 0
                         T.sync_threads()
                         gather_min_max(mm, s_mm, lane)
                         kmin = mm[0]
@@ -1048,35 +1059,35 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                         T.if_then_else(thr < T.uint32(0x007FFFFF), NEG_INF_BITS, ~thr))
                     tf = T.reinterpret(wd, "float32")
                     if S > 1:
-                        # this CTA's tiles [c0, ceil(ce / TILE)) of the row: its share when the row is split,
+                        # this CTA's tiles [c0, ceil(ce / TL)) of the row: its share when the row is split,
                         # else (the fallback compaction, the lead alone) the whole row
                         c0 = 0
                         ce = e
                         if T.And(spl != 0, compact == 1):
-                            c0 = rank * T.ceildiv(T.ceildiv(e, TILE), S)
-                            ce = T.min(e, (c0 + T.ceildiv(T.ceildiv(e, TILE), S)) * TILE)
+                            c0 = rank * T.ceildiv(T.ceildiv(e, TL), S)
+                            ce = T.min(e, (c0 + T.ceildiv(T.ceildiv(e, TL), S)) * TL)
                     t_lo = 0 if S == 1 else c0  # the loop's first tile and its end entry
                     t_end = e if S == 1 else ce
                     T.sync_threads()
                     load_tile(scores, kn, base, t_lo, t_end, tx)
-                    for it in T.serial(t_lo, T.ceildiv(t_end, TILE)):
+                    for it in T.serial(t_lo, T.ceildiv(t_end, TL)):
                         for u in T.unroll(UNROLL):
                             kb[u] = kn[u]
                         # full tiles (all but the last) need no bounds checks: uniform branches
-                        if (it + 2) * TILE <= t_end:
+                        if (it + 2) * TL <= t_end:
                             for u in T.unroll(UNROLL):
-                                kn[u] = raw(scores, base + _lin_warp(it + 1, u, tx))
+                                kn[u] = raw(scores, base + lin(it + 1, u, tx))
                         else:
                             load_tile(scores, kn, base, it + 1, t_end, tx)
                         wsum = 0
-                        if (it + 1) * TILE <= t_end:
+                        if (it + 1) * TL <= t_end:
                             for u in T.unroll(UNROLL):
                                 xf = T.reinterpret(kb[u], "float32")
                                 inl[u] = T.ballot_sync(xf < tf)
                                 wsum = wsum + (32 - T.Cast("int32", T.popcount(T.Cast("uint32", inl[u]))))
                         else:
                             for u in T.unroll(UNROLL):
-                                i = _lin_warp(it, u, tx)
+                                i = lin(it, u, tx)
                                 xf = T.reinterpret(kb[u], "float32")
                                 inl[u] = T.ballot_sync(T.Or(i >= t_end, xf < tf))
                                 wsum = wsum + (32 - T.Cast("int32", T.popcount(T.Cast("uint32", inl[u]))))
@@ -1093,7 +1104,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                         pos = slot + T.Cast("int32", T.popcount(~nd & lt))
                                         if (~nd & (lt + T.uint32(1))) != ZERO:
                                             s_ck[pos] = kb[u]
-                                            s_ci[pos] = _lin_warp(it, u, tx)
+                                            s_ci[pos] = lin(it, u, tx)
                                         slot = slot + (32 - T.Cast("int32", T.popcount(nd)))
                             else:
                                 for u in T.unroll(UNROLL):
@@ -1105,7 +1116,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                             pos = slot + T.Cast("int32", T.popcount(dm & lt))
                                             if pos < cap:
                                                 s_ck[pos] = kb[u]
-                                                s_ci[pos] = _lin_warp(it, u, tx)
+                                                s_ci[pos] = lin(it, u, tx)
                                             else:
                                                 kx = _key(kb[u])
                                                 kmin = T.min(kmin, kx)
@@ -1114,10 +1125,10 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     T.sync_threads()
                     m = s_cnt[0]
                     # the stored raw bits become keys; [min, max] over them and the overflow keys
-                    for q in T.serial(T.ceildiv(T.min(m, cap), THREADS)):
-                        if q * THREADS + tx < T.min(m, cap):
-                            kx = _key(s_ck[q * THREADS + tx])
-                            s_ck[q * THREADS + tx] = kx
+                    for q in T.serial(T.ceildiv(T.min(m, cap), NT)):
+                        if q * NT + tx < T.min(m, cap):
+                            kx = _key(s_ck[q * NT + tx])
+                            s_ck[q * NT + tx] = kx
                             kmin = T.min(kmin, kx)
                             kmax = T.max(kmax, kx)
                     publish_min_max(kmin, kmax, s_mm, lane, warp)
@@ -1144,11 +1155,11 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                 T.sync_threads()
                                 slot = cap - s_sel[3] - m  # my first entry in the lead's list
                                 if T.And(slot >= 0, m <= cap):
-                                    for q in T.serial(T.ceildiv(m, THREADS)):
-                                        if q * THREADS + tx < m:
-                                            st_lead(s_ck[slot + q * THREADS + tx], s_ck[q * THREADS + tx])
-                                            st_lead(s_ci[slot + q * THREADS + tx],
-                                                    T.Cast("uint32", s_ci[q * THREADS + tx]))
+                                    for q in T.serial(T.ceildiv(m, NT)):
+                                        if q * NT + tx < m:
+                                            st_lead(s_ck[slot + q * NT + tx], s_ck[q * NT + tx])
+                                            st_lead(s_ci[slot + q * NT + tx],
+                                                    T.Cast("uint32", s_ci[q * NT + tx]))
                                 m = 0  # done: only the lead goes on
                             cluster("arrive")
                             cluster("wait")
@@ -1160,15 +1171,15 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                 if T.And(c > 0, m + c <= cap):
                                     # the block [cap - c, cap) moves to [m, m + c) (through registers: the
                                     # two may overlap)
-                                    for q in T.unroll(cap // THREADS):
-                                        if q * THREADS + tx < c:
-                                            kb[q] = s_ck[cap - c + q * THREADS + tx]
-                                            inl[q] = s_ci[cap - c + q * THREADS + tx]
+                                    for q in T.unroll(cap // NT):
+                                        if q * NT + tx < c:
+                                            kb[q] = s_ck[cap - c + q * NT + tx]
+                                            inl[q] = s_ci[cap - c + q * NT + tx]
                                     T.sync_threads()
-                                    for q in T.unroll(cap // THREADS):
-                                        if q * THREADS + tx < c:
-                                            s_ck[m + q * THREADS + tx] = kb[q]
-                                            s_ci[m + q * THREADS + tx] = inl[q]
+                                    for q in T.unroll(cap // NT):
+                                        if q * NT + tx < c:
+                                            s_ck[m + q * NT + tx] = kb[q]
+                                            s_ci[m + q * NT + tx] = inl[q]
                                 m = m + c
                     if compact == 2:
                         src = 2  # the keys >= lo: m == k - kk + cnt <= cap, checked before
@@ -1202,9 +1213,9 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                 if slot < V3_RES:  # always (cnt keys are in range): a bounds guard
                                     s_small[slot] = kb[u]
                     else:
-                        for q in T.serial(T.ceildiv(ne, THREADS)):
-                            if q * THREADS + tx < ne:
-                                kx = s_ck[q * THREADS + tx]
+                        for q in T.serial(T.ceildiv(ne, NT)):
+                            if q * NT + tx < ne:
+                                kx = s_ck[q * NT + tx]
                                 if T.And(kx >= lo, kx <= hi):
                                     slot = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[0]), 1)
                                     if slot < V3_RES:
@@ -1235,21 +1246,21 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     # radix pass: bins of 2^sh keys over [lo, hi] (at most V3_NB of them: 12-bit digits, so
                     # a candidate list spanning up to 2^24 keys, as a randn row's top ~2% does, needs two)
                     sh = T.max(0, (32 - V3_BITS) - T.Cast("int32", T.clz(hi - lo)))
-                    for q in T.unroll(V3_BPT):
-                        s_hist[q * THREADS + tx] = 0
+                    for q in T.unroll(BPT):
+                        s_hist[q * NT + tx] = 0
                     mm[0] = KEY_MAX
                     mm[1] = ZERO
                     T.sync_threads()
                     if src == 2:
                         # the list: one key per thread and step over its ne entries only (a tile's
                         # 8 strips per thread would mostly hold key 0: the list is ~1.3k keys long)
-                        for q in T.serial(T.ceildiv(ne, THREADS)):
-                            kb[0] = T.if_then_else(q * THREADS + tx < ne, s_ck[q * THREADS + tx], ZERO)
+                        for q in T.serial(T.ceildiv(ne, NT)):
+                            kb[0] = T.if_then_else(q * NT + tx < ne, s_ck[q * NT + tx], ZERO)
                             hist_key(kb, 0, mm, lo, hi, sh, s_hist, lane)
                     else:
                         if src == 0:
                             load_tile(scores, kn, base, 0, ne, tx)
-                        for it in T.serial(T.ceildiv(ne, TILE)):
+                        for it in T.serial(T.ceildiv(ne, TL)):
                             if src == 0:
                                 next_keys(scores, kb, kn, base, it, ne, tx)
                             # entries past the end hold key 0, below lo: no bounds check, no branches
@@ -1289,14 +1300,14 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     # the lower index, output in ascending index order).
                     run_def = 0  # packed (taken | ties << 16) counts of the earlier windows
                     for w in T.serial(T.ceildiv(e, win)):
-                        for q in T.serial(T.ceildiv(2 * bmw, THREADS)):
-                            if q * THREADS + tx < 2 * bmw:
-                                s_bm[q * THREADS + tx] = ZERO
+                        for q in T.serial(T.ceildiv(2 * bmw, NT)):
+                            if q * NT + tx < 2 * bmw:
+                                s_bm[q * NT + tx] = ZERO
                         T.sync_threads()
-                        for q in T.serial(T.ceildiv(ne, THREADS)):
-                            if q * THREADS + tx < ne:
-                                oi = s_ci[q * THREADS + tx] - w * win
-                                kx = s_ck[q * THREADS + tx]
+                        for q in T.serial(T.ceildiv(ne, NT)):
+                            if q * NT + tx < ne:
+                                oi = s_ci[q * NT + tx] - w * win
+                                kx = s_ck[q * NT + tx]
                                 if T.And(T.And(oi >= 0, oi < win), kx >= lo):
                                     # plain CUDA atomicOr (ATOMS): tilelang's AtomicOr is a global red
                                     wd = T.Cast("uint32", T.if_then_else(kx > hi, 0, bmw) + (oi >> 5))
@@ -1310,7 +1321,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                          + T.Cast("int32", T.popcount(s_bm[bmw + tx * wpt + x])) * TIE)
                         warp_scan(c, incl, s_scan, lane, warp)
                         T.sync_threads()
-                        wtot = s_scan[0, lane]
+                        wtot = per_warp(s_scan, 0, lane, 0)
                         tmp = T.if_then_else(lane < warp, wtot, 0)
                         tmp = _warp_sum(tmp)
                         wtot = _warp_sum(wtot)
@@ -1321,10 +1332,10 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                 wpre = wpre + (T.Cast("int32", T.popcount(s_bm[tx * wpt + x]))
                                                + T.Cast("int32", T.popcount(s_bm[bmw + tx * wpt + x])) * TIE)
                         T.sync_threads()
-                        for q in T.serial(T.ceildiv(ne, THREADS)):
-                            if q * THREADS + tx < ne:
-                                oi = s_ci[q * THREADS + tx] - w * win
-                                kx = s_ck[q * THREADS + tx]
+                        for q in T.serial(T.ceildiv(ne, NT)):
+                            if q * NT + tx < ne:
+                                oi = s_ci[q * NT + tx] - w * win
+                                kx = s_ck[q * NT + tx]
                                 if T.And(T.And(oi >= 0, oi < win), kx >= lo):
                                     wd = s_bm[oi >> 5]
                                     wt = s_bm[bmw + (oi >> 5)]
@@ -1348,7 +1359,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     run_tie = 0
                     if src == 0:
                         load_tile(scores, kn, base, 0, e, tx)
-                    for it in T.serial(T.ceildiv(e, TILE)):
+                    for it in T.serial(T.ceildiv(e, TL)):
                         if run_def + T.min(run_tie, kk) < k:  # lanes found so far (run_def <= k - kk)
                             if src == 0:  # else (src 3) the one tile's keys are in kb already
                                 next_keys(scores, kb, kn, base, it, e, tx)
@@ -1376,12 +1387,12 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             if lane == 0:
                                 s_scan[it % 2, warp] = wsum
                             T.sync_threads()
-                            wtot = s_scan[it % 2, lane]
+                            wtot = per_warp(s_scan, it % 2, lane, 0)
                             tmp = T.if_then_else(lane < warp, wtot, 0)
                             tmp = _warp_sum(tmp)
                             wtot = _warp_sum(wtot)
                             for u in T.unroll(UNROLL):
-                                i = _lin_warp(it, u, tx)
+                                i = lin(it, u, tx)
                                 wpre = tmp + (inl[u] & CNT_MASK)
                                 d_before = run_def + (wpre & 0xFFFF)
                                 t_before = run_tie + (wpre >> 16)
@@ -1396,12 +1407,20 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
     return kernel
 
 
-def _topk_jit(*static, split=1):
-    """The compiled top-k kernel for these static arguments (the last one is the variant; `split`: v3's
-    CTAs per row)."""
+def _jit_args(*static, split=1, threads=THREADS) -> tuple:
+    """(factory name, positional arguments) of the top-k kernel for these static arguments (the last one is
+    the variant; `split`: v3's CTAs per row, `threads`: v3's threads per CTA; defaults are left out, so the
+    default launch keeps its cache key)."""
     if static[-1] == "v3":
-        return topk_kernel_v3(*static[:-1]) if split == 1 else topk_kernel_v3(*static[:-1], split)
-    return topk_kernel(*static)
+        extra = (split, threads) if threads != THREADS else ((split,) if split != 1 else ())
+        return "topk_kernel_v3", static[:-1] + extra
+    return "topk_kernel", static
+
+
+def _topk_jit(*static, split=1, threads=THREADS):
+    """The compiled top-k kernel (see _jit_args)."""
+    name, args = _jit_args(*static, split=split, threads=threads)
+    return {"topk_kernel_v3": topk_kernel_v3, "topk_kernel": topk_kernel}[name](*args)
 
 
 def _v3_split(b: int, n: int, cache_cap: int, sms: int) -> int:
@@ -1419,6 +1438,17 @@ def _v3_split(b: int, n: int, cache_cap: int, sms: int) -> int:
     return split
 
 
+def _v3_threads(b: int, n: int, cache_cap: int, sms: int) -> int:
+    """Threads per CTA for v3 (one CTA per row): SHORT_ROW_THREADS for rows of the short tier (<= 4096
+    entries) when there are more rows than SMs, else THREADS. A 1024-thread CTA takes a whole SM and leaves
+    most of its warps idle on such a row (2048 entries fill 8 of its 32); four 256-thread CTAs share an
+    SM. H200, randn, k = 512, us at 1024 / 256 threads: 4096 x 2048 355 / 145 (torch.topk 206), 4096 x 1000
+    310 / 115 (153), 4096 x 4096 376 / 201 (322), 1024 x 2048 93 / 44, 264 x 2048 26 / 16; but 4096 x 8192
+    395 / 398 and 264 x 8192 29 / 31 (longer rows: 1024 is as fast or faster; 512 threads never won), and
+    rows up to the SM count each have an SM anyway (tools/sweep_topk.py --threads)."""
+    return SHORT_ROW_THREADS if cache_cap == SMALL_CACHE and b > sms else THREADS
+
+
 _SMS = {}
 
 
@@ -1431,6 +1461,19 @@ def _sm_count(device) -> int:
 def _launch_split(b: int, n: int, cache_cap: int, device) -> int:
     """The split the wrappers launch: _v3_split on this device under the default variant, else 1."""
     return _v3_split(b, n, cache_cap, _sm_count(device)) if TOPK_VARIANT == "v3" else 1
+
+
+def _v3_launch(b: int, n: int, sms: int) -> dict:
+    """v3's launch shape for b rows of n entries on `sms` SMs: {"split": CTAs per row, "threads": per CTA}
+    (a split row keeps the full CTA)."""
+    cap = _cache_cap(n)
+    split = _v3_split(b, n, cap, sms)
+    return {"split": split, "threads": _v3_threads(b, n, cap, sms) if split == 1 else THREADS}
+
+
+def _launch(b: int, n: int, device) -> dict:
+    """The launch shape the wrappers use on this device (_v3_launch under the default variant)."""
+    return _v3_launch(b, n, _sm_count(device)) if TOPK_VARIANT == "v3" else {"split": 1, "threads": THREADS}
 
 
 _DUMMY = {}
@@ -1486,8 +1529,7 @@ def topk(scores, k, *, end=None, sorted=False, sorted_index=False, indices_type=
     off_dtype = output_idx_offset.dtype if output_idx_offset is not None else torch.int32
     kern = _topk_jit(_TORCH_TO_TL[scores.dtype], _TORCH_TO_TL[indices_type], _TORCH_TO_TL[off_dtype],
                      _cache_cap(n), need_values, output_idx_offset is not None, int(idx_oob_fill_value),
-                     float(value_oob_fill_value), "topk", 0, 1, TOPK_VARIANT,
-                     split=_launch_split(b, n, _cache_cap(n), dev))
+                     float(value_oob_fill_value), "topk", 0, 1, TOPK_VARIANT, **_launch(b, n, dev))
     kern(flat, end if end is not None else _dummy(dev, torch.int32),
          output_idx_offset if output_idx_offset is not None else _dummy(dev, off_dtype),
          _dummy(dev, torch.int32, (b, 1)), _dummy(dev, torch.int32, (b, 1)),
@@ -1537,8 +1579,7 @@ def topk_to_slots(scores, k, *, end=None, candidate_blocks=None, candidate_block
     flat, ld = _flat_scores(scores)
     cand_bs = candidate_block_size or 0
     kern = _topk_jit(_TORCH_TO_TL[scores.dtype], "int32", "int32", _cache_cap(n), False, False, -1,
-                     float("-inf"), "slots", cand_bs, block_size_c, TOPK_VARIANT,
-                     split=_launch_split(b, n, _cache_cap(n), dev))
+                     float("-inf"), "slots", cand_bs, block_size_c, TOPK_VARIANT, **_launch(b, n, dev))
     cand = candidate_blocks if candidate_blocks is not None else _dummy(dev, torch.int32, (b, 1))
     kern(flat, end if end is not None else _dummy(dev, torch.int32), _dummy(dev, torch.int32), cand,
          block_tables, _dummy(dev, scores.dtype, (1, 1)), slots, n, ld, int(end is not None))
@@ -1698,7 +1739,8 @@ def convert_kv_index_(index, block_size_c, valid_lens, block_tables):
 
 
 QUICK_BUILD = ("topk fp32 uncached", "topk bf16 int64+offset cache4096", "topk_to_slots fp32 cand16 Bc64",
-               "topk fp32 cache32768 split2", "block_max", "restore", "convert")
+               "topk fp32 cache32768 split2", "topk fp32 cache32768 threads512", "block_max", "restore",
+               "convert")
 
 
 def build_all(quick: bool = False) -> list[str]:
@@ -1731,6 +1773,9 @@ def build_all(quick: bool = False) -> list[str]:
     for name, static, split in ((paths[1][0], paths[1][1], 2), (paths[0][0], paths[0][1], 8),
                                 (paths[4][0], paths[4][1], 4)):
         configs.append((f"{name} split{split}", topk_kernel_v3, static + (split,)))
+    # v3 with fewer threads per CTA (many short rows, _v3_threads): the short tier, the decode tier
+    for name, static, threads in ((paths[2][0], paths[2][1], 256), (paths[1][0], paths[1][1], 512)):
+        configs.append((f"{name} threads{threads}", topk_kernel_v3, static + (1, threads)))
     configs += [
         ("block_max bs16 fp32", block_max_kernel, (16, "float32")),
         ("block_max bs8 bf16", block_max_kernel, (8, "bfloat16")),

@@ -91,6 +91,7 @@ def fake_factory(*static, real=None):
                   "nb_val": ("values", 0), "kv": ("values", 1)}
         kern = EmuKernel(src, "topk", order, shapes)
         split = static[11] if real is _real_v3 and len(static) > 11 else 1
+        kern.threads = static[12] if real is _real_v3 and len(static) > 12 else tk.THREADS
         kern.cluster = split
         kern.grid_of = lambda kw: kw["indices"].shape[0] * split
         _kernels[key] = kern
@@ -261,9 +262,13 @@ def main():
     ap.add_argument("--mutate", default=None)
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--max-split", type=int, default=tk.MAX_SPLIT)
+    ap.add_argument("--threads", type=int, default=0, help="v3's threads per CTA on every unsplit row "
+                    "(default: the wrapper's choice)")
     a = ap.parse_args()
     SMS[0] = a.sms
     tk.MAX_SPLIT = a.max_split
+    if a.threads:
+        tk._v3_threads = lambda b, n, cache_cap, sms: a.threads
     if a.mutate:
         os.environ["EMU_MUTATE"] = a.mutate
     seeds = [int(s) for s in a.seeds.split(",")]

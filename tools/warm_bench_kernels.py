@@ -44,21 +44,19 @@ def configs():
                 with _env(KV_STORE_V3_OPTIONS=OPTION_PEERS[fmt.name]):
                     out.append((kv, FACTORIES["v3"], _kv_static("v3", fmt, hadamard, rows)))
     variants = dict.fromkeys((topk_mod.TOPK_VARIANT,) + PEER_VARIANTS)
-    def topk_jit(static, v, split):  # what topk_mod._topk_jit(*static, v, split=split) compiles
-        if v == "v3" and split > 1:
-            return (tk, "topk_kernel_v3", static + (split,))
-        return (tk, "_topk_jit", static + (v,))
 
-    sms = 132  # the H200's SMs: the splits the wrapper picks there
+    def topk_jit(static, v, b, n):  # what topk_mod._topk_jit compiles for b x n rows on the H200 (132 SMs)
+        return (tk, *topk_mod._jit_args(*static, v, **(topk_mod._v3_launch(b, n, 132) if v == "v3" else {})))
+
     for b, n, _ in SHAPES:
         cap = topk_mod._cache_cap(n)
         for v in variants:  # topk(x, k, return_value=False) on fp32 rows
             static = ("float32", "int32", "int32", cap, False, False, -1, float("-inf"), "topk", 0, 1)
-            out.append(topk_jit(static, v, topk_mod._v3_split(b, n, cap, sms)))
+            out.append(topk_jit(static, v, b, n))
     for v in variants:  # the fused scores -> slots case (64 x 32768, block 64)
         cap = topk_mod._cache_cap(32768)
         static = ("float32", "int32", "int32", cap, False, False, -1, float("-inf"), "slots", 0, 64)
-        out.append(topk_jit(static, v, topk_mod._v3_split(64, 32768, cap, sms)))
+        out.append(topk_jit(static, v, 64, 32768))
     return list(dict.fromkeys(out))
 
 
