@@ -793,6 +793,15 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
         mm[1] = _warp_max(per_warp(s_mm, 1, lane, ZERO))
 
     @T.macro
+    def min_max_and_clear(kmin, kmax, mm, s_mm, s_hist, tx, lane, warp):
+        """mm = block [min of kmin, max of kmax], and the histogram cleared (one barrier for both)."""
+        publish_min_max(kmin, kmax, s_mm, lane, warp)
+        for q in T.unroll(BPT):
+            s_hist[q * NT + tx] = 0
+        T.sync_threads()
+        gather_min_max(mm, s_mm, lane)
+
+    @T.macro
     def select_bin(rank, s_hist, s_scan, s_sel, tx, lane, warp):
         """After a histogram (a barrier ago): the bin holding the rank-th largest key. Thread t owns bins
         V3_NB-1-BPT*t-j, j < BPT, a block scan runs in descending bin order, and the owner writes
@@ -974,11 +983,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 for u in T.unroll(su):
                     kmin = T.min(kmin, kb[u])
                     kmax = T.max(kmax, kb[u])
-                publish_min_max(kmin, kmax, s_mm, lane, warp)
-                for q in T.unroll(BPT):
-                    s_hist[q * NT + tx] = 0
-                T.sync_threads()
-                gather_min_max(mm, s_mm, lane)
+                min_max_and_clear(kmin, kmax, mm, s_mm, s_hist, tx, lane, warp)
                 kmin = mm[0]
                 kmax = mm[1]
                 thr = kmin
@@ -1013,11 +1018,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                                               KEY_MAX))
                             kmax = T.max(kmax, T.if_then_else(T.And(kb[u] >= thr, kb[u] <= lo_bin), kb[u],
                                                               ZERO))
-                        publish_min_max(kmin, kmax, s_mm, lane, warp)
-                        for q in T.unroll(BPT):
-                            s_hist[q * NT + tx] = 0
-                        T.sync_threads()
-                        gather_min_max(mm, s_mm, lane)
+                        min_max_and_clear(kmin, kmax, mm, s_mm, s_hist, tx, lane, warp)
                         kmin = mm[0]
                         kmax = mm[1]
                         thr = kmin  # <= the kt-th key, which is in the bin
