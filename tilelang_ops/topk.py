@@ -1,7 +1,8 @@
 """TileLang kernels for index-score selection (SPEC 1.6): exact top-k, block maxima, candidate restore,
 logical-row -> physical-slot conversion, and the fused scores -> slots path.
 
-Top-k algorithm (one CTA of 1024 threads per row), exact and deterministic:
+Top-k algorithm (one CTA of 1024 threads per row; v3 uses 256-thread CTAs for many short rows and a
+cluster of CTAs for a few long ones, see the last bullets), exact and deterministic:
 
 * Scores map to order-preserving uint32 keys (fp32 bit trick; bf16 widened exactly; -0.0 folded onto
   +0.0 and every NaN onto 0xFFFFFFFF, so NaN ranks highest as in torch.topk). Same key as
@@ -82,7 +83,7 @@ CAND = 8192
 # Rows up to this many entries keep their keys in shared memory between passes (128 KiB of keys).
 MAX_CACHE = 32768
 SMALL_CACHE = 4096  # short rows use a 16 KiB cache so several CTAs fit on an SM
-SHORT_ROW_THREADS = 256  # v3's CTA for many rows of this tier (four per SM; see _v3_threads)
+SHORT_ROW_THREADS = 256  # v3's CTA for many rows of this tier (three per SM; see _v3_threads)
 
 # Kernel variants (the last static argument of ``_topk_jit``; both stay compiled and tested):
 # * "v1" (`topk_kernel`): GPU-verified (exact on every test case): histogram adds aggregated with
@@ -553,16 +554,16 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # of a tile (v3's `lin`; still one coalesced 128 B load per instruction), so an ordered scan needs one
 # count per warp and one cross-warp scan per tile instead of one per strip; row reads are software-pipelined
 # (tile it + 1 in flight while tile it is processed); the lane class rides in the rank register (no spills);
-# the sample is 256 runs of 32 (64 in the 32768 tier) spread evenly over the row (sorted or otherwise
+# the sample is 8 (2 in the 32768 tier) runs of 32 per warp spread evenly over the row (sorted or otherwise
 # structured rows also get a useful bound). What changes in the algorithm (see the module docstring):
 # unordered candidate compaction (one shared counter, warp-aggregated adds, no block scans or barriers per
 # tile), [lo, hi] taken straight from the candidates' [min, max] (all-equal / few-distinct rows finish
 # without a radix pass), a final rank by index over the short list through index bitmaps, an early exit of
-# the ordered pass over the row, and no row cache. Rows of one tile (e <= TILE) keep their keys in registers
-# (src 3): radix passes and the ordered pass run on them, no list or bitmaps. Radix passes use 12-bit digits
-# (V3_NB bins), so a list spanning up to 2^24 keys takes two passes; the compaction read has no bounds
-# checks on full tiles; the key is branch-free; warp reductions (min / max / sums of packed counts) are
-# single REDUX instructions.
+# the ordered pass over the row, and no row cache. Rows of one tile (e <= UNROLL x threads) keep their keys
+# in registers (src 3): radix passes and the ordered pass run on them, no list or bitmaps. Radix passes use
+# 12-bit digits (V3_NB bins), so a list spanning up to 2^24 keys takes two passes; the compaction read has
+# no bounds checks on full tiles; the key is branch-free; warp reductions (min / max / sums of packed
+# counts) are single REDUX instructions.
 # Tried on the H200 and dropped: an L2 prefetch (prefetch.global.L2, one line per lane) of the row P tiles
 # ahead of the compaction read, the first P tiles before the sample; randn, us for P = 0 / 2 / 4 / 8:
 # b128n131072 46.0 / 49.0 / 49.5 / 53.5, b64n32768 22.7 / 23.6 / 24.1 / 24.1, b1n65536 26.9 / 27.9 /
@@ -573,8 +574,8 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # Bitmap words per class (taken / tie): ranks are computed over windows of 131072 indices (32 KiB of
 # bitmaps, word prefixes in s_hist, which has as many entries), so rows up to 131072 take one window.
 V3_BMW = 4096
-# Sample runs of 32 per thread for rows of the 32768 tier (2048 entries, 1/16 to 1/4 of the row); uncached
-# rows keep UNROLL (8192).
+# Sample runs of 32 per warp for rows of the 32768 tier (2048 entries at 1024 threads, 1/16 to 1/4 of the
+# row); uncached rows keep UNROLL (8192 entries).
 V3_SAMPLE_SHORT = 2
 # The sampled bound thr is the lower edge of the V3_NB-bin histogram bin of the sample's kt-th largest key,
 # kt = mu + V3_SAMPLE_SD * sqrt(mu) + V3_SAMPLE_PAD with mu = k * sample / row the expected sample count
@@ -596,7 +597,6 @@ V3_SAMPLE_PAD = 8
 V3_ROUNDS = PASSES + 2  # first compaction, <= 3 radix passes, at most one fallback compaction
 V3_BITS = 12  # radix digit of v3's passes (v1: RADIX_BITS); 2^32 -> 2^20 -> 2^8 -> 1 keys
 V3_NB = 1 << V3_BITS
-V3_BPT = V3_NB // THREADS  # histogram bins per thread in the clear and the scan
 assert V3_BMW <= V3_NB, "the rank's word prefixes live in s_hist"
 # A threshold bin of at most this many keys is ranked directly (every key against every other, one warp
 # per 32 keys) instead of by more radix passes: ~0.3 us against ~2 us for a pass over a one-tile row.
@@ -1442,11 +1442,12 @@ def _v3_split(b: int, n: int, cache_cap: int, sms: int) -> int:
 def _v3_threads(b: int, n: int, cache_cap: int, sms: int) -> int:
     """Threads per CTA for v3 (one CTA per row): SHORT_ROW_THREADS for rows of the short tier (<= 4096
     entries) when there are more rows than SMs, else THREADS. A 1024-thread CTA takes a whole SM and leaves
-    most of its warps idle on such a row (2048 entries fill 8 of its 32); four 256-thread CTAs share an
-    SM. H200, randn, k = 512, us at 1024 / 256 threads: 4096 x 2048 355 / 145 (torch.topk 206), 4096 x 1000
-    310 / 115 (153), 4096 x 4096 376 / 201 (322), 1024 x 2048 93 / 44, 264 x 2048 26 / 16; but 4096 x 8192
-    395 / 398 and 264 x 8192 29 / 31 (longer rows: 1024 is as fast or faster; 512 threads never won), and
-    rows up to the SM count each have an SM anyway (tools/sweep_topk.py --threads)."""
+    most of its warps idle on such a row (2048 entries fill 8 of its 32); three 256-thread CTAs share an
+    SM (72 registers a thread, 18K of the SM's 64K per CTA; a fourth would need <= 64: not tried). H200,
+    randn, k = 512, us at 1024 / 256 threads: 4096 x 2048 355 / 145 (torch.topk 206), 4096 x 1000 310 /
+    115 (153), 4096 x 4096 376 / 201 (322), 1024 x 2048 93 / 44, 264 x 2048 26 / 16; but 4096 x 8192 395 /
+    398 and 264 x 8192 29 / 31 (longer rows: 1024 is as fast or faster; 512 threads never won), and rows
+    up to the SM count each have an SM anyway (tools/sweep_topk.py --threads)."""
     return SHORT_ROW_THREADS if cache_cap == SMALL_CACHE and b > sms else THREADS
 
 

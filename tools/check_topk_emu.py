@@ -12,7 +12,10 @@ at most half the SMs; `--sms 1` never splits), with at most `--max-split` CTAs p
 tilelang_ops.topk.MAX_SPLIT).
 
     PYTHONPATH=. .venv/bin/python tools/check_topk_emu.py [--variant v1,v3] [--seeds 0,1] [--mutate S]
-        [--sms N] [--max-split S] [set ...]
+        [--sms N] [--max-split S] [--threads T] [set ...]
+
+`--threads T` runs v3 with T threads per CTA on every row it does not split (the wrapper picks 256 only
+for many short rows; `--sms 1` keeps every row unsplit).
 """
 import argparse
 import os

@@ -1,6 +1,7 @@
-"""Compile the kernels that `python -m benchmarks kv_store topk` launches (every variant the benchmark
-times), in parallel processes, into TileLang's disk cache (TILELANG_CACHE_DIR), so the benchmark
-loads them instead of compiling ~30 kernels one after another (~9-18 s each on the GPU machine).
+"""Compile the kernels that `python -m benchmarks kv_store topk` launches (the default and the variant
+peers; topk's split / thread-count peers still compile during the benchmark), in parallel processes,
+into TileLang's disk cache (TILELANG_CACHE_DIR), so the benchmark loads them instead of compiling ~30
+kernels one after another (~9-18 s each on the GPU machine).
 Optional, like tools/warm_compress_store_kernels.py (which covers compress_store); run it on the
 machine that runs the kernels, with the same TILELANG_CACHE_DIR:
 
