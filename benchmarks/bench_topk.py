@@ -62,7 +62,7 @@ def split_times(fn, b, n, splits, flush) -> dict:
     try:
         for split in splits:
             topk_mod.MAX_SPLIT = split
-            if topk_mod._launch_split(b, n, topk_mod._cache_cap(n), torch.device("cuda")) == split:
+            if topk_mod._launch(b, n, torch.device("cuda"))["split"] == split:
                 out[f"split{split}"] = time_us(fn, flush_bytes=flush)
     finally:
         topk_mod.MAX_SPLIT = saved
@@ -79,9 +79,10 @@ def _peers(fn, flush, b, n) -> dict:
         if name != topk_mod.TOPK_VARIANT:
             with _variant(name):
                 out[name] = time_us(fn, flush_bytes=flush)
-    if topk_mod._launch_split(b, n, topk_mod._cache_cap(n), torch.device("cuda")) > 1:
+    launch = topk_mod._launch(b, n, torch.device("cuda"))
+    if launch["split"] > 1:
         out.update(split_times(fn, b, n, (1, topk_mod.MAX_SPLIT // 2), flush))
-    if topk_mod._launch(b, n, torch.device("cuda"))["threads"] != topk_mod.THREADS:
+    if launch["threads"] != topk_mod.THREADS:
         with forced_threads(topk_mod.THREADS):
             out[f"threads{topk_mod.THREADS}"] = time_us(fn, flush_bytes=flush)
     return out

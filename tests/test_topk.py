@@ -698,7 +698,7 @@ def test_gpu_topk_split_exact(case, split, monkeypatch):
         pytest.skip(f"{case.b} rows x {split} CTAs: more than half the SMs (the wrapper would split less)")
     monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
     monkeypatch.setattr(tk, "MAX_SPLIT", split)
-    assert tk._launch_split(case.b, case.n, tk._cache_cap(case.n), torch.device("cuda")) == split
+    assert tk._launch(case.b, case.n, torch.device("cuda"))["split"] == split
     _check_gpu_case(case, tk.topk, f" split {split}")
 
 

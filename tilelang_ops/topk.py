@@ -1460,11 +1460,6 @@ def _sm_count(device) -> int:
     return _SMS[device]
 
 
-def _launch_split(b: int, n: int, cache_cap: int, device) -> int:
-    """The split the wrappers launch: _v3_split on this device under the default variant, else 1."""
-    return _v3_split(b, n, cache_cap, _sm_count(device)) if TOPK_VARIANT == "v3" else 1
-
-
 def _v3_launch(b: int, n: int, sms: int) -> dict:
     """v3's launch shape for b rows of n entries on `sms` SMs: {"split": CTAs per row, "threads": per CTA}
     (a split row keeps the full CTA)."""
