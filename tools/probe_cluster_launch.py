@@ -1,10 +1,12 @@
 """Device time of an almost empty 1024-thread launch, plain vs thread block clusters, with and without
-cluster barriers (the topk benchmark's harness timing). CUDA only:
+cluster barriers, and with dynamic shared memory of 0 to 220 KiB (the topk benchmark's harness timing).
+CUDA only:
 
     python tools/probe_cluster_launch.py
 
 Measured on the H200 (bench_results/h200.txt): 2.8-3.0 us plain, +0.15 us as clusters of 2 or 4, +0.33 us
-per cluster barrier (a CTA barrier: ~0.02 us), which is why topk v3 splits rows only for small batches.
+per cluster barrier (a CTA barrier: ~0.02 us), which is why topk v3 splits rows only for small batches;
+the shared memory size does not change the cost (3.17 us from 8 to 220 KiB at 64 rows).
 """
 import os
 import sys
