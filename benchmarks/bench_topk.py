@@ -45,7 +45,8 @@ def _variant(name):
 
 @contextlib.contextmanager
 def forced_threads(threads):
-    """v3 launches `threads` per CTA on every row it does not split (instead of _v3_threads's choice)."""
+    """v3 launches `threads` per CTA on every row it does not split (instead of _v3_threads's choice; 32:
+    one warp per row)."""
     saved = topk_mod._v3_threads
     topk_mod._v3_threads = lambda b, n, cache_cap, sms: threads
     try:
@@ -73,7 +74,7 @@ def _peers(fn, flush, b, n) -> dict:
     """Times of fn under each peer variant that is not the default (keys: the variant names); where v3
     splits these rows over a cluster, v3 on one CTA per row ("split1") and on half the default's largest
     split ("split4" with MAX_SPLIT = 8); where v3 launches fewer threads per CTA, v3 on the full CTA
-    ("threads1024")."""
+    ("threads1024"), and where it launches a warp per row, also on 256-thread CTAs ("threads256")."""
     out = {}
     for name in PEER_VARIANTS:
         if name != topk_mod.TOPK_VARIANT:
@@ -83,8 +84,10 @@ def _peers(fn, flush, b, n) -> dict:
     if launch["split"] > 1:
         out.update(split_times(fn, b, n, (1, topk_mod.MAX_SPLIT // 2), flush))
     if launch["threads"] != topk_mod.THREADS:
-        with forced_threads(topk_mod.THREADS):
-            out[f"threads{topk_mod.THREADS}"] = time_us(fn, flush_bytes=flush)
+        also = (topk_mod.SHORT_ROW_THREADS,) if launch["threads"] == 32 else ()
+        for threads in also + (topk_mod.THREADS,):
+            with forced_threads(threads):
+                out[f"threads{threads}"] = time_us(fn, flush_bytes=flush)
     return out
 
 

@@ -500,6 +500,7 @@ def test_build_sm90():
     assert f"topk_to_slots fp32 cand16 Bc64 {TOPK_VARIANT}" in built
     assert all(f"topk fp32 uncached {v}" in built for v in ("v1", "v3"))
     assert "topk fp32 cache32768 threads512" in built
+    assert "topk warp bf16 int64+offset" in built
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -723,7 +724,7 @@ THREADS_CASES = [
 
 
 @requires_cuda
-@pytest.mark.parametrize("threads", [256, 512])
+@pytest.mark.parametrize("threads", [32, 256, 512])
 @pytest.mark.parametrize("case", THREADS_CASES, ids=case_id)
 def test_gpu_topk_threads_exact(case, threads, monkeypatch):
     import tilelang_ops.topk as tk
@@ -736,7 +737,7 @@ def test_gpu_topk_threads_exact(case, threads, monkeypatch):
 
 
 @requires_cuda
-@pytest.mark.parametrize("split, threads", [(1, 1024), (2, 1024), (1, 256)])
+@pytest.mark.parametrize("split, threads", [(1, 1024), (2, 1024), (1, 256), (1, 32)])
 def test_gpu_topk_to_slots_launch(split, threads, monkeypatch):
     import tilelang_ops.topk as tk
 
@@ -775,14 +776,22 @@ def test_v3_split_choice(monkeypatch):
 
 
 def test_v3_launch_choice():
-    from tilelang_ops.topk import SHORT_ROW_THREADS, THREADS, _jit_args, _v3_launch
+    from tilelang_ops.topk import SHORT_ROW_THREADS, THREADS, WARP_ROW_MAX, _jit_args, _v3_launch
 
-    # 256-thread CTAs for more short rows (<= 4096 entries) than SMs; a split row keeps the full CTA
-    assert SHORT_ROW_THREADS == 256 and THREADS == 1024
+    # a warp per row for at least n / 256 rows of <= WARP_ROW_MAX entries per SM; else 256-thread CTAs for
+    # more short rows (<= 4096 entries) than SMs; a split row keeps the full CTA
+    assert SHORT_ROW_THREADS == 256 and THREADS == 1024 and WARP_ROW_MAX == 8192
+    assert _v3_launch(1056, 2048, 132) == {"split": 1, "threads": 32}
+    assert _v3_launch(1055, 2048, 132) == {"split": 1, "threads": 256}
+    assert _v3_launch(528, 1000, 132) == {"split": 1, "threads": 32}
+    assert _v3_launch(4096, 4096, 132) == {"split": 1, "threads": 32}
+    assert _v3_launch(4224, 8192, 132) == {"split": 1, "threads": 32}
+    assert _v3_launch(4096, 8192, 132) == {"split": 1, "threads": 1024}
+    assert _v3_launch(1 << 20, 8193, 132) == {"split": 1, "threads": 1024}  # past WARP_ROW_MAX
     assert _v3_launch(133, 2048, 132) == {"split": 1, "threads": 256}
-    assert _v3_launch(4096, 4096, 132) == {"split": 1, "threads": 256}
     assert _v3_launch(132, 2048, 132) == {"split": 1, "threads": 1024}  # a row per SM anyway
-    assert _v3_launch(4096, 4097, 132) == {"split": 1, "threads": 1024}  # the 32768 tier
+    assert _v3_launch(4096, 4097, 132) == {"split": 1, "threads": 32}
+    assert _v3_launch(2048, 4097, 132) == {"split": 1, "threads": 1024}  # the 32768 tier
     assert _v3_launch(4096, 65536, 132) == {"split": 1, "threads": 1024}
     assert _v3_launch(1, 65536, 132) == {"split": 8, "threads": 1024}
     # the default launch keeps the factory's default arguments (and so its cache key)
@@ -790,6 +799,7 @@ def test_v3_launch_choice():
     assert _jit_args(*static, "v3") == ("topk_kernel_v3", static)
     assert _jit_args(*static, "v3", split=2) == ("topk_kernel_v3", static + (2,))
     assert _jit_args(*static, "v3", threads=256) == ("topk_kernel_v3", static + (1, 256))
+    assert _jit_args(*static, "v3", threads=32) == ("topk_kernel_warp", static[:3] + static[4:])  # no tier
     assert _jit_args(*static, "v1") == ("topk_kernel", static + ("v1",))
 
 

@@ -1,8 +1,8 @@
 """TileLang kernels for index-score selection (SPEC 1.6): exact top-k, block maxima, candidate restore,
 logical-row -> physical-slot conversion, and the fused scores -> slots path.
 
-Top-k algorithm (one CTA of 1024 threads per row; v3 uses 256-thread CTAs for many short rows and a
-cluster of CTAs for a few long ones, see the last bullets), exact and deterministic:
+Top-k algorithm (one CTA of 1024 threads per row; v3 uses one warp per row or 256-thread CTAs for many
+short rows and a cluster of CTAs for a few long ones, see the last bullets), exact and deterministic:
 
 * Scores map to order-preserving uint32 keys (fp32 bit trick; bf16 widened exactly; -0.0 folded onto
   +0.0 and every NaN onto 0xFFFFFFFF, so NaN ranks highest as in torch.topk). Same key as
@@ -47,6 +47,11 @@ cluster of CTAs for a few long ones, see the last bullets), exact and determinis
   list, and the others copy theirs into the lead's list through distributed shared memory (room
   reserved with one remote add), one cluster barrier, then the lead goes on alone. 1 x 65536: 20.7 ->
   17.0 us on the H200, 1 x 1M 109 -> 49 us; at 64 rows it measured slower (see _v3_split).
+* v3 on many short rows (at least n / 256 rows of <= 8192 entries per SM, see _v3_threads): one warp per
+  row (`topk_kernel_warp`), four rows per CTA, no block barrier. The same radix select on 8-bit digits
+  (a 256-bin histogram per warp; at most 4 passes, each re-reading the row and batching its shuffles,
+  votes and adds), then the ordered pass with ballots. 4096 x 1000, k = 512: 93 -> 41 us; 4096 x 2048:
+  115 -> 86 us on the H200.
 * Lanes [min(k, end), k) get the fills; `end` is clamped to [0, n] in the kernel so a bad `end` can
   never read outside the row (the value check runs under TILELANG_OPS_DEBUG=1).
 """
@@ -649,12 +654,15 @@ def _v3_cand_cap(cache_cap: int) -> int:
 
 
 def _key(bits):
-    """Order-preserving uint32 key of fp32 bits (-0.0 -> +0.0, every NaN -> 0xFFFFFFFF), branch-free:
-    flip all bits of a negative, the sign bit of a positive (xor with the sign-extended sign | MSB)."""
+    """Order-preserving uint32 key of fp32 bits (-0.0 -> +0.0, every NaN -> 0xFFFFFFFF): flip all bits of a
+    negative, the sign bit of a positive (xor with the sign-extended sign | MSB). Branch-free without
+    selects (nvcc turned the selects of the two special cases into a branch around every key): -0.0's bits
+    are cleared by the sign-extended borrow of mag - 1, and NaN ORs in the sign-extended borrow of
+    0x7F800000 - mag (mag <= 0x7FFFFFFF: both differences fit an int32)."""
     mag = bits & T.uint32(0x7FFFFFFF)
-    flip = T.Cast("uint32", T.Cast("int32", bits) >> 31) | T.uint32(0x80000000)
-    return T.if_then_else(mag > T.uint32(0x7F800000), T.uint32(0xFFFFFFFF),
-                          T.if_then_else(mag == T.uint32(0), T.uint32(0x80000000), bits ^ flip))
+    nan = T.Cast("uint32", T.Cast("int32", T.uint32(0x7F800000) - mag) >> 31)
+    b2 = bits & ~T.Cast("uint32", T.Cast("int32", mag - T.uint32(1)) >> 31)
+    return (b2 ^ (T.Cast("uint32", T.Cast("int32", b2) >> 31) | T.uint32(0x80000000))) | nan
 
 
 def _warp_min(x):
@@ -1408,10 +1416,250 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
     return kernel
 
 
+# One warp per row (v3's launch for many short rows; `threads` 32 in _v3_launch): a row's whole search runs
+# in one warp, so there is no block barrier, no cross-warp scan and no idle warp, and an SM holds up to 28
+# rows at a time (72 registers a thread: 7 CTAs of 4 warps; a 1024-thread CTA holds one row, a 256-thread
+# CTA one per 8 warps). Each radix pass reads the row again (software-pipelined a step of 8 x 32 entries
+# ahead) and histograms the keys in [lo, hi] into the W_NB bins of the warp's own shared histogram (8-bit
+# digits: at most 4 passes, 2^32 -> 2^24 -> 2^16 -> 2^8 -> 1 keys, [lo, hi] narrowing to the threshold bin
+# intersected with [min, max] of the pass's keys in range; it stops once the threshold bin is taken whole
+# or holds one key), then one ordered pass emits the keys above hi and the first kk keys in [lo, hi] with
+# ballots, in ascending index order. H200 (bench_results/h200.txt): adding one key at a time (each waiting
+# for its shuffle and vote) was 2x slower than batching a step's 8; __match_any_sync aggregation 4-36%
+# slower than the shuffle-and-vote one.
+WARP_ROWS = 4  # 8 rows per CTA measured 1-6% slower
+WARP_ROW_MAX = 8192  # the longest rows _v3_threads gives a warp
+W_BITS = 8
+W_NB = 1 << W_BITS
+W_UNROLL = 8  # strips of 32 entries per step: independent loads in flight per lane
+
+
+@tilelang.jit(pass_configs={**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
+def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: str = "int32",
+                     with_values: bool = True, with_offset: bool = False, idx_fill: int = -1,
+                     val_fill: float = float("-inf"), mode: str = "topk", cand_bs: int = 0, block_c: int = 1,
+                     rows_per_cta: int = WARP_ROWS):
+    """One warp per row (see WARP_ROWS): the arguments of `topk_kernel_v3` without its cache tier, split and
+    thread count; `rows_per_cta` warps per CTA."""
+    total = T.dynamic("total", "int64")  # flat scores storage: (b - 1) * ld + n elements
+    b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
+    nc, mb = T.dynamic("nc, mb")
+    RPC = rows_per_cta
+    U = W_UNROLL
+    ST = 32 * U  # row entries per step
+    BPL = W_NB // 32  # histogram bins per lane in the clear and the scan
+    WH = W_NB + 32  # a warp's histogram: W_NB bins, then a spare counter per lane (see hist_step)
+    ZERO, KEY_MAX = T.uint32(0), T.uint32(0xFFFFFFFF)
+    TIE = 1 << 16  # packed counts of a step (<= ST each): taken-for-sure in the low 16 bits, ties above
+    CLS_TAKE, CLS_TIE, CNT_MASK = 1 << 28, 1 << 29, (1 << 28) - 1
+    fills, emit = _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fill, mode,
+                               cand_bs, block_c, nc, mb, 32)
+
+    @T.macro
+    def step_load(scores, kn, base, it, e, lane):
+        """kn = the raw bits of step `it` of the row (0 at and past e): the loads of a pipelined read."""
+        for u in T.unroll(U):
+            kn[u] = T.if_then_else(it * ST + u * 32 + lane < e,
+                                   _f32_bits(scores[base + it * ST + u * 32 + lane]), ZERO)
+
+    @T.macro
+    def step_keys(scores, kb, kn, base, it, e, lane):
+        """Pipelined read: kb = the keys of step `it` (loaded a step earlier into kn; key 0, below every
+        real key, at and past e), and the loads of step it + 1 go into kn."""
+        for u in T.unroll(U):
+            kb[u] = kn[u]
+        step_load(scores, kn, base, it + 1, e, lane)
+        for u in T.unroll(U):
+            # & the sign-extended borrow of i - e (all ones before the end): no branch around the key
+            kb[u] = _key(kb[u]) & T.Cast("uint32", T.Cast("int32", it * ST + u * 32 + lane - e) >> 31)
+
+    @T.macro
+    def hist_step(kb, bv, b0, mm, lo, hi, sh, s_hist, hb, lane):
+        """The histogram adds of a step's U keys per lane: bin (kb[u] - lo) >> sh of the keys in [lo, hi],
+        one add of 32 where the whole warp hits one bin; mm = [min, max] of them. Batched, so the shuffles,
+        votes and adds of the U keys overlap (one key at a time, each waited for its shuffle and vote), and
+        skipped when no key of the step is in range (most of the row after the first pass)."""
+        for u in T.unroll(U):
+            bv[u] = T.Select(T.And(kb[u] >= lo, kb[u] <= hi), (kb[u] - lo) >> T.Cast("uint32", sh), KEY_MAX)
+            mm[0] = T.min(mm[0], T.Select(bv[u] != KEY_MAX, kb[u], KEY_MAX))
+            mm[1] = T.max(mm[1], T.Select(bv[u] != KEY_MAX, kb[u], ZERO))
+        b0[0] = bv[0]
+        for u in T.unroll(U - 1):
+            b0[0] = T.min(b0[0], bv[u + 1])
+        if T.ballot_sync(b0[0] != KEY_MAX) != 0:  # warp-uniform
+            for u in T.unroll(U):
+                b0[u] = T.shfl_sync(bv[u], 0)
+            for u in T.unroll(U):
+                b0[u] = T.Select(T.all_sync(bv[u] == b0[u]) != 0, T.Select(lane == 0, 32, 0), 1)
+            # every lane adds (no branch per key): a key out of range, or a lane of a whole-warp bin but
+            # its first, adds 0 to its own spare counter W_NB + lane (no bank conflict, never read)
+            for u in T.unroll(U):
+                T.atomic_add(s_hist[hb + T.Cast("int32", T.Select(T.And(bv[u] != KEY_MAX, b0[u] != 0), bv[u],
+                                                                   T.Cast("uint32", W_NB + lane)))],
+                             T.Cast("int32", T.Select(bv[u] != KEY_MAX, b0[u], ZERO)))
+
+    @T.prim_func
+    def kernel(
+        scores: T.Tensor((total,), in_dtype),  # [b, n] rows at stride ld, flattened
+        end: T.Tensor((nb_end,), "int32"),  # [b] (or [1] dummy when has_end == 0)
+        offset: T.Tensor((nb_off,), off_dtype),  # [b] (or [1] dummy)
+        cand: T.Tensor((b, nc), "int32"),  # [b, c] candidate blocks (slots mode) or [b, 1] dummy
+        table: T.Tensor((b, mb), "int32"),  # [b, max_blocks] block table (slots mode) or dummy
+        values: T.Tensor((nb_val, kv), in_dtype),  # [b, k] (or [1, 1] dummy)
+        indices: T.Tensor((b, k), idx_dtype),  # [b, k]
+        n: T.int32,
+        ld: T.int64,
+        has_end: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(b, RPC), threads=RPC * 32) as bx:
+            tx = T.get_thread_binding()
+            lane = tx % 32
+            warp = tx // 32
+            row = bx * RPC + warp
+            s_hist = T.alloc_shared([RPC * WH], "int32")  # the warp's histogram (+ spares) at warp * WH
+            s_sel = T.alloc_shared([RPC * 4], "int32")  # the warp's selected bin at warp * 4
+            kb = T.alloc_local([U], "uint32")
+            kn = T.alloc_local([U], "uint32")  # raw bits of the next step (loads in flight)
+            bv = T.alloc_local([U], "uint32")
+            b0 = T.alloc_local([U], "uint32")
+            inl = T.alloc_local([U], "int32")
+            mm = T.alloc_local([2], "uint32")
+            e = T.alloc_var("int32")
+            kk = T.alloc_var("int32")
+            cnt = T.alloc_var("int32")
+            done = T.alloc_var("int32")
+            lo = T.alloc_var("uint32")
+            hi = T.alloc_var("uint32")
+            lo_bin = T.alloc_var("uint32")
+            hi_bin = T.alloc_var("uint64")
+            sh = T.alloc_var("int32")
+            c = T.alloc_var("int32")
+            incl = T.alloc_var("int32")
+            tmp = T.alloc_var("int32")
+            wpre = T.alloc_var("int32")
+            h = T.alloc_var("int32")
+            kx = T.alloc_var("uint32")
+            cv = T.alloc_var("int32")
+            dm = T.alloc_var("uint32")
+            tm = T.alloc_var("uint32")
+            lt = T.alloc_var("uint32")
+            wsum = T.alloc_var("int32")
+            run_def = T.alloc_var("int32")
+            run_tie = T.alloc_var("int32")
+            d_before = T.alloc_var("int32")
+            t_before = T.alloc_var("int32")
+            pos = T.alloc_var("int32")
+            hb = warp * WH
+            if row < b:  # warp-uniform: every lane below takes part in the warp's intrinsics
+                base = T.Cast("int64", row) * ld
+                e = n
+                if has_end != 0:
+                    e = T.max(T.min(end[row], n), 0)  # clamp: a bad end never reads outside the row
+                fills(values, indices, row, lane, k, e)
+                if e <= k:
+                    for q in T.serial(T.ceildiv(e, 32)):
+                        if q * 32 + lane < e:
+                            emit(scores, offset, cand, table, values, indices, row, base, q * 32 + lane,
+                                 q * 32 + lane)
+                else:
+                    lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)  # lanes below mine
+                    kk = k  # lanes still to find among the keys in [lo, hi]
+                    lo = T.uint32(1)  # real keys are >= 0x007FFFFF: key 0 marks "no entry"
+                    hi = KEY_MAX
+                    cnt = 0
+                    done = 0
+                    for _p in T.serial(4):
+                        if done == 0:
+                            sh = T.max(0, (32 - W_BITS) - T.Cast("int32", T.clz(hi - lo)))
+                            for q in T.unroll(BPL):
+                                s_hist[hb + q * 32 + lane] = 0
+                            mm[0] = KEY_MAX
+                            mm[1] = ZERO
+                            T.sync_warp()
+                            step_load(scores, kn, base, 0, e, lane)
+                            for it in T.serial(T.ceildiv(e, ST)):
+                                step_keys(scores, kb, kn, base, it, e, lane)
+                                hist_step(kb, bv, b0, mm, lo, hi, sh, s_hist, hb, lane)
+                            T.sync_warp()
+                            # the bin of the kk-th largest key: lane l owns bins W_NB-1-BPL*l-j, j < BPL (a
+                            # scan in descending bin order); its finder writes [bin, rank in it, keys in it]
+                            c = 0
+                            for j in T.unroll(BPL):
+                                c = c + s_hist[hb + W_NB - 1 - BPL * lane - j]
+                            incl = c
+                            for o in (1, 2, 4, 8, 16):
+                                tmp = T.shfl_up(incl, o)
+                                incl = incl + T.if_then_else(lane >= o, tmp, 0)
+                            wpre = incl - c  # keys in the bins above mine
+                            for j in T.unroll(BPL):
+                                h = s_hist[hb + W_NB - 1 - BPL * lane - j]
+                                if wpre < kk and kk <= wpre + h:
+                                    s_sel[warp * 4] = W_NB - 1 - BPL * lane - j
+                                    s_sel[warp * 4 + 1] = kk - wpre
+                                    s_sel[warp * 4 + 2] = h
+                                wpre = wpre + h
+                            mm[0] = _warp_min(mm[0])
+                            mm[1] = _warp_max(mm[1])
+                            T.sync_warp()
+                            lo_bin = lo + (T.Cast("uint32", s_sel[warp * 4]) << T.Cast("uint32", sh))
+                            hi_bin = (T.Cast("uint64", lo_bin)
+                                      + ((T.uint64(1) << T.Cast("uint64", sh)) - T.uint64(1)))
+                            hi = T.Cast("uint32", T.min(T.Cast("uint64", hi), hi_bin))  # 64-bit: no wrap
+                            lo = T.max(lo_bin, mm[0])
+                            hi = T.min(hi, mm[1])
+                            kk = s_sel[warp * 4 + 1]
+                            cnt = s_sel[warp * 4 + 2]
+                            if T.Or(cnt == kk, lo == hi):
+                                done = 1  # the threshold bin is taken whole, or the threshold key is exact
+                            T.sync_warp()  # s_hist / s_sel are rewritten by the next pass
+                    # ordered pass: keys above hi, and the first kk keys in [lo, hi] (when cnt == kk, every
+                    # key >= lo: one ballot per strip); it stops once all k lanes are found
+                    run_def = 0
+                    run_tie = 0
+                    step_load(scores, kn, base, 0, e, lane)
+                    for it in T.serial(T.ceildiv(e, ST)):
+                        if run_def + T.min(run_tie, kk) < k:  # warp-uniform
+                            step_keys(scores, kb, kn, base, it, e, lane)
+                            wsum = 0
+                            if cnt == kk:
+                                for u in T.unroll(U):
+                                    dm = T.Cast("uint32", T.ballot_sync(kb[u] >= lo))  # key 0: below lo
+                                    inl[u] = (wsum + T.Cast("int32", T.popcount(dm & lt))
+                                              + T.if_then_else(kb[u] >= lo, CLS_TAKE, 0))
+                                    wsum = wsum + T.Cast("int32", T.popcount(dm))
+                            else:
+                                for u in T.unroll(U):
+                                    kx = kb[u]
+                                    cv = T.if_then_else(kx > hi, 1, T.if_then_else(kx >= lo, TIE, 0))
+                                    dm = T.Cast("uint32", T.ballot_sync(cv == 1))
+                                    tm = T.Cast("uint32", T.ballot_sync(cv == TIE))
+                                    inl[u] = (wsum + T.Cast("int32", T.popcount(dm & lt))
+                                              + T.Cast("int32", T.popcount(tm & lt)) * TIE
+                                              + T.if_then_else(cv == 1, CLS_TAKE, 0)
+                                              + T.if_then_else(cv == TIE, CLS_TIE, 0))
+                                    wsum = (wsum + T.Cast("int32", T.popcount(dm))
+                                            + T.Cast("int32", T.popcount(tm)) * TIE)
+                            for u in T.unroll(U):
+                                d_before = run_def + ((inl[u] & CNT_MASK) & 0xFFFF)
+                                t_before = run_tie + ((inl[u] & CNT_MASK) >> 16)
+                                if T.Or((inl[u] & CLS_TAKE) != 0,
+                                        T.And((inl[u] & CLS_TIE) != 0, t_before < kk)):
+                                    pos = d_before + T.min(t_before, kk)
+                                    if pos < k:
+                                        emit(scores, offset, cand, table, values, indices, row, base, pos,
+                                             it * ST + u * 32 + lane)
+                            run_def = run_def + (wsum & 0xFFFF)
+                            run_tie = run_tie + (wsum >> 16)
+
+    return kernel
+
+
 def _jit_args(*static, split=1, threads=THREADS) -> tuple:
     """(factory name, positional arguments) of the top-k kernel for these static arguments (the last one is
     the variant; `split`: v3's CTAs per row, `threads`: v3's threads per CTA; defaults are left out, so the
     default launch keeps its cache key)."""
+    if static[-1] == "v3" and threads == 32:
+        return "topk_kernel_warp", static[:3] + static[4:-1]  # a warp per row: no cache tier
     if static[-1] == "v3":
         extra = (split, threads) if threads != THREADS else ((split,) if split != 1 else ())
         return "topk_kernel_v3", static[:-1] + extra
@@ -1421,7 +1669,8 @@ def _jit_args(*static, split=1, threads=THREADS) -> tuple:
 def _topk_jit(*static, split=1, threads=THREADS):
     """The compiled top-k kernel (see _jit_args)."""
     name, args = _jit_args(*static, split=split, threads=threads)
-    return {"topk_kernel_v3": topk_kernel_v3, "topk_kernel": topk_kernel}[name](*args)
+    return {"topk_kernel_v3": topk_kernel_v3, "topk_kernel": topk_kernel,
+            "topk_kernel_warp": topk_kernel_warp}[name](*args)
 
 
 def _v3_split(b: int, n: int, cache_cap: int, sms: int) -> int:
@@ -1440,14 +1689,24 @@ def _v3_split(b: int, n: int, cache_cap: int, sms: int) -> int:
 
 
 def _v3_threads(b: int, n: int, cache_cap: int, sms: int) -> int:
-    """Threads per CTA for v3 (one CTA per row): SHORT_ROW_THREADS for rows of the short tier (<= 4096
-    entries) when there are more rows than SMs, else THREADS. A 1024-thread CTA takes a whole SM and leaves
-    most of its warps idle on such a row (2048 entries fill 8 of its 32); three 256-thread CTAs share an
-    SM (72 registers a thread, 18K of the SM's 64K per CTA; a fourth would need <= 64: not tried). H200,
-    randn, k = 512, us at 1024 / 256 threads: 4096 x 2048 355 / 145 (torch.topk 206), 4096 x 1000 310 /
-    115 (153), 4096 x 4096 376 / 201 (322), 1024 x 2048 93 / 44, 264 x 2048 26 / 16; but 4096 x 8192 395 /
-    398 and 264 x 8192 29 / 31 (longer rows: 1024 is as fast or faster; 512 threads never won), and rows
-    up to the SM count each have an SM anyway (tools/sweep_topk.py --threads)."""
+    """Threads per CTA for v3 (one CTA per row), or 32: one warp per row (`topk_kernel_warp`).
+
+    A warp per row when rows are at most WARP_ROW_MAX entries and there are at least n / 256 of them per
+    SM (b * 256 >= n * sms): a warp then does a row's whole search without a block barrier, and an SM
+    holds up to 28 rows at a time, where a 1024-thread CTA holds one and leaves most of its warps idle on
+    a short row. H200, randn, k = 512, us, warp / the CTA kernel: 4096 x 1000 40.8 / 93.3, 4096 x 2048
+    85.5 / 115.3, 4096 x 4096 164.1 / 199.5, 4096 x 8192 316.4 / 310.4, 1024 x 1000 19.2 / 31.7, 1024 x
+    2048 36.1 / 37.2, 1024 x 4096 65.3 / 60.3, 528 x 1000 16.9 / 21.4, 528 x 2048 30.8 / 24.3 (bf16 4096 x
+    2048 91.7 / 113.2, torch.topk 134.8; tools/sweep_topk.py --threads 32): the warp re-reads the row in
+    every radix pass, so it pays only with enough rows per SM, and never on rows of 16384 (4096 x 16384:
+    616 / 291).
+    Else SHORT_ROW_THREADS for rows of the short tier (<= 4096 entries) when there are more rows than SMs,
+    else THREADS. Three 256-thread CTAs share an SM (72 registers a thread, 18K of the SM's 64K per CTA).
+    H200, randn, k = 512, us at 1024 / 256 threads (before the branch-free key): 4096 x 2048 355 / 145,
+    1024 x 2048 93 / 44, 264 x 2048 26 / 16; but 4096 x 8192 395 / 398 and 264 x 8192 29 / 31 (longer
+    rows: 1024 is as fast or faster; 512 threads never won)."""
+    if n <= WARP_ROW_MAX and b * 256 >= n * sms:
+        return 32
     return SHORT_ROW_THREADS if cache_cap == SMALL_CACHE and b > sms else THREADS
 
 
@@ -1461,8 +1720,8 @@ def _sm_count(device) -> int:
 
 
 def _v3_launch(b: int, n: int, sms: int) -> dict:
-    """v3's launch shape for b rows of n entries on `sms` SMs: {"split": CTAs per row, "threads": per CTA}
-    (a split row keeps the full CTA)."""
+    """v3's launch shape for b rows of n entries on `sms` SMs: {"split": CTAs per row, "threads": per CTA,
+    32 for one warp per row} (a split row keeps the full CTA)."""
     cap = _cache_cap(n)
     split = _v3_split(b, n, cap, sms)
     return {"split": split, "threads": _v3_threads(b, n, cap, sms) if split == 1 else THREADS}
@@ -1736,8 +1995,8 @@ def convert_kv_index_(index, block_size_c, valid_lens, block_tables):
 
 
 QUICK_BUILD = ("topk fp32 uncached", "topk bf16 int64+offset cache4096", "topk_to_slots fp32 cand16 Bc64",
-               "topk fp32 cache32768 split2", "topk fp32 cache32768 threads512", "block_max", "restore",
-               "convert")
+               "topk fp32 cache32768 split2", "topk fp32 cache32768 threads512", "topk warp bf16",
+               "block_max", "restore", "convert")
 
 
 def build_all(quick: bool = False) -> list[str]:
@@ -1773,6 +2032,10 @@ def build_all(quick: bool = False) -> list[str]:
     # v3 with fewer threads per CTA (many short rows, _v3_threads): the short tier, the decode tier
     for name, static, threads in ((paths[2][0], paths[2][1], 256), (paths[1][0], paths[1][1], 512)):
         configs.append((f"{name} threads{threads}", topk_kernel_v3, static + (1, threads)))
+    # one warp per row (many short rows, _v3_threads): plain scores, bf16 with offsets, the fused slots
+    for name, static in (("topk warp fp32", paths[0][1]), ("topk warp bf16 int64+offset", paths[2][1]),
+                         ("topk_to_slots warp fp32 cand16 Bc64", paths[4][1])):
+        configs.append((name, topk_kernel_warp, _jit_args(*static, "v3", threads=32)[1]))
     configs += [
         ("block_max bs16 fp32", block_max_kernel, (16, "float32")),
         ("block_max bs8 bf16", block_max_kernel, (8, "bfloat16")),

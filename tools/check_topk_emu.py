@@ -43,6 +43,11 @@ from tools.fiber_emu import EmuKernel  # noqa: E402
 
 _real_factory = tk.topk_kernel
 _real_v3 = tk.topk_kernel_v3
+_real_warp = tk.topk_kernel_warp
+ORDER = ["scores", "end", "offset", "cand", "table", "values", "indices", "n", "ld", "has_end"]
+SHAPES = {"total": ("scores", None), "nb_end": ("end", None), "nb_off": ("offset", None),
+          "b": ("indices", 0), "k": ("indices", 1), "nc": ("cand", 1), "mb": ("table", 1),
+          "nb_val": ("values", 0), "kv": ("values", 1)}
 _kernels = {}
 SEED = [0]
 # CUDA intrinsics v3 calls directly (shared counter add returning the old value, bitmap or, warp reductions)
@@ -83,16 +88,27 @@ def fake_v3(*static):
     return fake_factory(*static, real=_real_v3)
 
 
+def fake_warp(*static):
+    key = repr(("warp",) + static)
+    if key not in _kernels:
+        src = _emu_source(compile_for_sm90(_real_warp, *static).get_kernel_source())
+        kern = EmuKernel(src, "topk", ORDER, SHAPES)
+        rpc = static[10] if len(static) > 10 else tk.WARP_ROWS
+        kern.threads = rpc * 32
+        kern.cluster = 1
+        kern.grid_of = lambda kw: -(-kw["indices"].shape[0] // rpc)
+        _kernels[key] = kern
+    k = _kernels[key]
+    k.seed = SEED[0]
+    return k
+
+
 def fake_factory(*static, real=None):
     real = real or _real_factory
     key = repr((real is _real_v3,) + static)
     if key not in _kernels:
         src = _emu_source(compile_for_sm90(real, *static).get_kernel_source())
-        order = ["scores", "end", "offset", "cand", "table", "values", "indices", "n", "ld", "has_end"]
-        shapes = {"total": ("scores", None), "nb_end": ("end", None), "nb_off": ("offset", None),
-                  "b": ("indices", 0), "k": ("indices", 1), "nc": ("cand", 1), "mb": ("table", 1),
-                  "nb_val": ("values", 0), "kv": ("values", 1)}
-        kern = EmuKernel(src, "topk", order, shapes)
+        kern = EmuKernel(src, "topk", ORDER, SHAPES)
         split = static[11] if real is _real_v3 and len(static) > 11 else 1
         kern.threads = static[12] if real is _real_v3 and len(static) > 12 else tk.THREADS
         kern.cluster = split
@@ -105,6 +121,7 @@ def fake_factory(*static, real=None):
 
 tk.topk_kernel = fake_factory
 tk.topk_kernel_v3 = fake_v3
+tk.topk_kernel_warp = fake_warp
 tk.check_cuda = lambda **kw: torch.device("cpu")
 tk._sm_count = lambda device: SMS[0]
 

@@ -138,6 +138,8 @@ inline int emu_all(int line, bool p) {
 template <class T> inline uint emu_match_any(int line, T v) {
   return (uint)warp_xchg(line, to_u64(v), [&](int q, uint64_t* s) { uint m = 0; for (int j = 0; j < 32; ++j) if (s[j] == s[q]) m |= 1u << j; return (uint64_t)m; });
 }
+inline void emu_syncwarp(int line) { warp_xchg(line, 0, [&](int q, uint64_t* s) { return (uint64_t)0; }); }
+#define __syncwarp(...) emu_syncwarp(__LINE__)
 #define __shfl_sync(m, v, s, w) emu_shfl(__LINE__, v, s)
 #define __shfl_xor_sync(m, v, d, w) emu_shfl_xor(__LINE__, v, d)
 #define __shfl_up_sync(m, v, d, w) emu_shfl_up(__LINE__, v, d)
