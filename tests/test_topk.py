@@ -780,18 +780,16 @@ def test_v3_launch_choice():
 
     # a warp per row for at least n / 256 rows of <= WARP_ROW_MAX entries per SM; else 256-thread CTAs for
     # more short rows (<= 4096 entries) than SMs; a split row keeps the full CTA
-    assert SHORT_ROW_THREADS == 256 and THREADS == 1024 and WARP_ROW_MAX == 8192
+    assert SHORT_ROW_THREADS == 256 and THREADS == 1024 and WARP_ROW_MAX == 4096
     assert _v3_launch(1056, 2048, 132) == {"split": 1, "threads": 32}
     assert _v3_launch(1055, 2048, 132) == {"split": 1, "threads": 256}
     assert _v3_launch(528, 1000, 132) == {"split": 1, "threads": 32}
-    assert _v3_launch(4096, 4096, 132) == {"split": 1, "threads": 32}
-    assert _v3_launch(4224, 8192, 132) == {"split": 1, "threads": 32}
-    assert _v3_launch(4096, 8192, 132) == {"split": 1, "threads": 1024}
-    assert _v3_launch(1 << 20, 8193, 132) == {"split": 1, "threads": 1024}  # past WARP_ROW_MAX
+    assert _v3_launch(2112, 4096, 132) == {"split": 1, "threads": 32}
+    assert _v3_launch(2111, 4096, 132) == {"split": 1, "threads": 256}
+    assert _v3_launch(1 << 20, 4097, 132) == {"split": 1, "threads": 1024}  # past WARP_ROW_MAX
     assert _v3_launch(133, 2048, 132) == {"split": 1, "threads": 256}
     assert _v3_launch(132, 2048, 132) == {"split": 1, "threads": 1024}  # a row per SM anyway
-    assert _v3_launch(4096, 4097, 132) == {"split": 1, "threads": 32}
-    assert _v3_launch(2048, 4097, 132) == {"split": 1, "threads": 1024}  # the 32768 tier
+    assert _v3_launch(4096, 4097, 132) == {"split": 1, "threads": 1024}  # the 32768 tier
     assert _v3_launch(4096, 65536, 132) == {"split": 1, "threads": 1024}
     assert _v3_launch(1, 65536, 132) == {"split": 8, "threads": 1024}
     # the default launch keeps the factory's default arguments (and so its cache key)

@@ -47,11 +47,12 @@ short rows and a cluster of CTAs for a few long ones, see the last bullets), exa
   list, and the others copy theirs into the lead's list through distributed shared memory (room
   reserved with one remote add), one cluster barrier, then the lead goes on alone. 1 x 65536: 20.7 ->
   17.0 us on the H200, 1 x 1M 109 -> 49 us; at 64 rows it measured slower (see _v3_split).
-* v3 on many short rows (at least n / 256 rows of <= 8192 entries per SM, see _v3_threads): one warp per
+* v3 on many short rows (at least n / 256 rows of <= 4096 entries per SM, see _v3_threads): one warp per
   row (`topk_kernel_warp`), four rows per CTA, no block barrier. The same radix select on 8-bit digits
-  (a 256-bin histogram per warp; at most 4 passes, each re-reading the row and batching its shuffles,
-  votes and adds), then the ordered pass with ballots. 4096 x 1000, k = 512: 93 -> 41 us; 4096 x 2048:
-  115 -> 86 us on the H200.
+  (a 256-bin histogram per warp; at most 4 passes, each re-reading the row, or for rows of at most
+  W_CACHE entries the keys the first pass kept in shared memory, and batching its shuffles, votes and
+  adds), then the ordered pass with ballots. 4096 x 1000, k = 512: 93 -> 38 us; 4096 x 2048: 115 -> 69
+  us on the H200.
 * Lanes [min(k, end), k) get the fills; `end` is clamped to [0, n] in the kernel so a bad `end` can
   never read outside the row (the value check runs under TILELANG_OPS_DEBUG=1).
 """
@@ -1417,21 +1418,27 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
 
 
 # One warp per row (v3's launch for many short rows; `threads` 32 in _v3_launch): a row's whole search runs
-# in one warp, so there is no block barrier, no cross-warp scan and no idle warp, and an SM holds up to 28
-# rows at a time (72 registers a thread: 7 CTAs of 4 warps; a 1024-thread CTA holds one row, a 256-thread
-# CTA one per 8 warps). Each radix pass reads the row again (software-pipelined a step of 8 x 32 entries
-# ahead) and histograms the keys in [lo, hi] into the W_NB bins of the warp's own shared histogram (8-bit
-# digits: at most 4 passes, 2^32 -> 2^24 -> 2^16 -> 2^8 -> 1 keys, [lo, hi] narrowing to the threshold bin
-# intersected with [min, max] of the pass's keys in range; it stops once the threshold bin is taken whole
-# or holds one key), then one ordered pass emits the keys above hi and the first kk keys in [lo, hi] with
-# ballots, in ascending index order. H200 (bench_results/h200.txt): adding one key at a time (each waiting
+# in one warp, so there is no block barrier, no cross-warp scan and no idle warp, and an SM holds up to 24
+# rows at a time (80 registers a thread and 37 KiB of shared memory a CTA: 6 CTAs of 4 warps; a 1024-thread
+# CTA holds one row, a 256-thread CTA one per 8 warps). Each radix pass reads the row again
+# (software-pipelined a step of 8 x 32 entries ahead; rows of at most W_CACHE entries: the first pass
+# keeps the keys in shared memory and the later passes read them there) and histograms the keys in
+# [lo, hi] into the W_NB bins of the warp's own shared histogram (8-bit digits: at most 4 passes, 2^32 ->
+# 2^24 -> 2^16 -> 2^8 -> 1 keys, [lo, hi] narrowing to the threshold bin intersected with [min, max] of
+# the pass's keys in range; it stops once the threshold bin is taken whole or holds one key value), then
+# one ordered pass emits the keys above hi and the first kk keys in [lo, hi] with ballots, in ascending
+# index order. H200 (bench_results/h200.txt): adding one key at a time (each waiting
 # for its shuffle and vote) was 2x slower than batching a step's 8; __match_any_sync aggregation 4-36%
 # slower than the shuffle-and-vote one.
 WARP_ROWS = 4  # 8 rows per CTA measured 1-6% slower
-WARP_ROW_MAX = 8192  # the longest rows _v3_threads gives a warp
+WARP_ROW_MAX = 4096  # the longest rows _v3_threads gives a warp (at 8192 it was 2-3% slower)
 W_BITS = 8
 W_NB = 1 << W_BITS
 W_UNROLL = 8  # strips of 32 entries per step: independent loads in flight per lane
+# Rows of at most W_CACHE entries keep their keys in shared memory after the first pass (8 KiB a warp): the
+# later passes and the ordered pass read them there instead of loading and keying the row again
+W_CACHE = 2048
+assert W_CACHE % (32 * W_UNROLL) == 0  # whole steps: the first pass stores key 0 past the end too
 
 
 @tilelang.jit(pass_configs={**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
@@ -1518,6 +1525,7 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
             row = bx * RPC + warp
             s_hist = T.alloc_shared([RPC * WH], "int32")  # the warp's histogram (+ spares) at warp * WH
             s_sel = T.alloc_shared([RPC * 4], "int32")  # the warp's selected bin at warp * 4
+            s_keys = T.alloc_shared([RPC * W_CACHE], "uint32")  # the warp's row keys (rows <= W_CACHE)
             kb = T.alloc_local([U], "uint32")
             kn = T.alloc_local([U], "uint32")  # raw bits of the next step (loads in flight)
             bv = T.alloc_local([U], "uint32")
@@ -1550,6 +1558,8 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
             t_before = T.alloc_var("int32")
             pos = T.alloc_var("int32")
             hb = warp * WH
+            kw = warp * W_CACHE
+            kc = T.alloc_var("int32")  # 1: the first pass keeps the keys in s_keys, later passes read them
             if row < b:  # warp-uniform: every lane below takes part in the warp's intrinsics
                 base = T.Cast("int64", row) * ld
                 e = n
@@ -1563,6 +1573,7 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
                                  q * 32 + lane)
                 else:
                     lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)  # lanes below mine
+                    kc = T.if_then_else(e <= W_CACHE, 1, 0)
                     kk = k  # lanes still to find among the keys in [lo, hi]
                     lo = T.uint32(1)  # real keys are >= 0x007FFFFF: key 0 marks "no entry"
                     hi = KEY_MAX
@@ -1576,10 +1587,19 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
                             mm[0] = KEY_MAX
                             mm[1] = ZERO
                             T.sync_warp()
-                            step_load(scores, kn, base, 0, e, lane)
-                            for it in T.serial(T.ceildiv(e, ST)):
-                                step_keys(scores, kb, kn, base, it, e, lane)
-                                hist_step(kb, bv, b0, mm, lo, hi, sh, s_hist, hb, lane)
+                            if T.And(kc != 0, _p > 0):
+                                for it in T.serial(T.ceildiv(e, ST)):  # the keys the first pass kept
+                                    for u in T.unroll(U):
+                                        kb[u] = s_keys[kw + it * ST + u * 32 + lane]
+                                    hist_step(kb, bv, b0, mm, lo, hi, sh, s_hist, hb, lane)
+                            else:
+                                step_load(scores, kn, base, 0, e, lane)
+                                for it in T.serial(T.ceildiv(e, ST)):
+                                    step_keys(scores, kb, kn, base, it, e, lane)
+                                    if kc != 0:  # each lane reads back only its own entries: no sync
+                                        for u in T.unroll(U):
+                                            s_keys[kw + it * ST + u * 32 + lane] = kb[u]
+                                    hist_step(kb, bv, b0, mm, lo, hi, sh, s_hist, hb, lane)
                             T.sync_warp()
                             # the bin of the kk-th largest key: lane l owns bins W_NB-1-BPL*l-j, j < BPL (a
                             # scan in descending bin order); its finder writes [bin, rank in it, keys in it]
@@ -1616,10 +1636,15 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
                     # key >= lo: one ballot per strip); it stops once all k lanes are found
                     run_def = 0
                     run_tie = 0
-                    step_load(scores, kn, base, 0, e, lane)
+                    if kc == 0:
+                        step_load(scores, kn, base, 0, e, lane)
                     for it in T.serial(T.ceildiv(e, ST)):
                         if run_def + T.min(run_tie, kk) < k:  # warp-uniform
-                            step_keys(scores, kb, kn, base, it, e, lane)
+                            if kc != 0:
+                                for u in T.unroll(U):
+                                    kb[u] = s_keys[kw + it * ST + u * 32 + lane]
+                            else:
+                                step_keys(scores, kb, kn, base, it, e, lane)
                             wsum = 0
                             if cnt == kk:
                                 for u in T.unroll(U):
@@ -1656,10 +1681,12 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
 
 def _jit_args(*static, split=1, threads=THREADS) -> tuple:
     """(factory name, positional arguments) of the top-k kernel for these static arguments (the last one is
-    the variant; `split`: v3's CTAs per row, `threads`: v3's threads per CTA; defaults are left out, so the
-    default launch keeps its cache key)."""
+    the variant; `split`: v3's CTAs per row, `threads`: v3's threads per CTA, 32 for `topk_kernel_warp`, one
+    warp per row, which takes no cache tier and no split; defaults are left out, so the default launch
+    keeps its cache key)."""
     if static[-1] == "v3" and threads == 32:
-        return "topk_kernel_warp", static[:3] + static[4:-1]  # a warp per row: no cache tier
+        assert split == 1, "a warp per row is never split"
+        return "topk_kernel_warp", static[:3] + static[4:-1]
     if static[-1] == "v3":
         extra = (split, threads) if threads != THREADS else ((split,) if split != 1 else ())
         return "topk_kernel_v3", static[:-1] + extra
@@ -1691,20 +1718,23 @@ def _v3_split(b: int, n: int, cache_cap: int, sms: int) -> int:
 def _v3_threads(b: int, n: int, cache_cap: int, sms: int) -> int:
     """Threads per CTA for v3 (one CTA per row), or 32: one warp per row (`topk_kernel_warp`).
 
-    A warp per row when rows are at most WARP_ROW_MAX entries and there are at least n / 256 of them per
-    SM (b * 256 >= n * sms): a warp then does a row's whole search without a block barrier, and an SM
-    holds up to 28 rows at a time, where a 1024-thread CTA holds one and leaves most of its warps idle on
-    a short row. H200, randn, k = 512, us, warp / the CTA kernel: 4096 x 1000 40.8 / 93.3, 4096 x 2048
-    85.5 / 115.3, 4096 x 4096 164.1 / 199.5, 4096 x 8192 316.4 / 310.4, 1024 x 1000 19.2 / 31.7, 1024 x
-    2048 36.1 / 37.2, 1024 x 4096 65.3 / 60.3, 528 x 1000 16.9 / 21.4, 528 x 2048 30.8 / 24.3 (bf16 4096 x
-    2048 91.7 / 113.2, torch.topk 134.8; tools/sweep_topk.py --threads 32): the warp re-reads the row in
-    every radix pass, so it pays only with enough rows per SM, and never on rows of 16384 (4096 x 16384:
-    616 / 291).
+    A warp per row when rows are at most WARP_ROW_MAX entries and there are at least n / 256 of them per SM
+    (b * 256 >= n * sms; the rule fits every crossover measured at n = 1000 .. 4096): a warp then does a row's
+    whole search without a block barrier, and an SM holds up to 24 rows at a time, where a 1024-thread CTA
+    holds one and leaves most of its warps idle on a short row. H200, randn, k = 512, us, warp / the CTA
+    kernel: 4096 x 1000 40.8 / 93.3, 4096 x 2048 85.5 / 115.3, 4096 x 4096 164.1 / 199.5, 4096 x 8192 316.4 /
+    310.4, 1024 x 1000 19.2 / 31.7, 1024 x 2048 36.1 / 37.2, 1024 x 4096 65.3 / 60.3, 528 x 1000 16.9 / 21.4,
+    528 x 2048 30.8 / 24.3 (bf16 4096 x 2048 91.7 / 113.2, torch.topk 134.8; tools/sweep_topk.py --threads
+    32): the warp re-reads the row in every radix pass, so it pays only with enough rows per SM, and never on
+    rows of 16384 (4096 x 16384: 616 / 291); at 8192 entries it never won, 2-3% behind, hence WARP_ROW_MAX =
+    4096. Since rows of at most W_CACHE entries keep their keys in shared memory: 4096 x 1000 37.5, 4096 x
+    2048 69.0 (bf16 75.7), 4096 x 4096 166.5, 1024 x 2048 30.1 (the CTA kernel 36.9: the threshold is now
+    conservative for such rows; not re-measured at fewer rows), 1024 x 4096 68.0 / 57.9.
     Else SHORT_ROW_THREADS for rows of the short tier (<= 4096 entries) when there are more rows than SMs,
     else THREADS. Three 256-thread CTAs share an SM (72 registers a thread, 18K of the SM's 64K per CTA).
-    H200, randn, k = 512, us at 1024 / 256 threads (before the branch-free key): 4096 x 2048 355 / 145,
-    1024 x 2048 93 / 44, 264 x 2048 26 / 16; but 4096 x 8192 395 / 398 and 264 x 8192 29 / 31 (longer
-    rows: 1024 is as fast or faster; 512 threads never won)."""
+    H200, randn, k = 512, us at 1024 / 256 threads (before the branch-free key): 4096 x 2048 355 / 145, 1024 x
+    2048 93 / 44, 264 x 2048 26 / 16; but 4096 x 8192 395 / 398 and 264 x 8192 29 / 31 (longer rows: 1024 is
+    as fast or faster; 512 threads never won)."""
     if n <= WARP_ROW_MAX and b * 256 >= n * sms:
         return 32
     return SHORT_ROW_THREADS if cache_cap == SMALL_CACHE and b > sms else THREADS
