@@ -8,8 +8,8 @@ four shapes in depth; this shows there is no shape in between where the kernel f
 
 One line per shape: `SWEEP fp32 b=.. n=.. k=.. split=.. threads=.. us=.. torch_topk_us=.. x_torch=..`
 (x_torch > 1: ours is faster), timed like the benchmark (L2 flushed before each launch). `--threads` also
-times v3 with each of those thread counts per CTA on rows the wrapper does not split (`t<N>_us=..`): the
-measurement behind tilelang_ops.topk._v3_threads.
+times v3 with each of those thread counts per CTA on rows the wrapper does not split (`t<N>_us=..`; 32: one
+warp per row, topk_kernel_warp): the measurement behind tilelang_ops.topk._v3_threads.
 """
 import argparse
 import os
