@@ -174,7 +174,6 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
     SIGN, ZERO, ABS = T.uint32(0x80000000), T.uint32(0), T.uint32(0x7FFFFFFF)
     INF_BITS, KEY_MAX = T.uint32(0x7F800000), T.uint32(0xFFFFFFFF)
     NO_BIN = T.uint32(0xFFFFFFFF)  # lane that adds nothing to the histogram
-    TIE = 1 << 16  # packed counts: taken-for-sure in the low 16 bits, ties above
 
     @T.prim_func
     def kernel(
@@ -680,6 +679,43 @@ def _warp_sum(x):
     return T.call_extern("int32", "__reduce_add_sync", T.uint32(0xFFFFFFFF), x)
 
 
+# Packed counts of an ordered pass's step (v3 and the warp kernel): keys taken for sure in the low 16 bits,
+# ties above (TIE); a lane's own class rides above its rank (CLS_*), so it needs no register of its own.
+TIE = 1 << 16
+CLS_TAKE, CLS_TIE, CNT_MASK = 1 << 28, 1 << 29, (1 << 28) - 1
+
+
+@T.macro
+def _ordered_classes(kb, inl, ws, nu, lo, hi, cnt, kk, lt):
+    """One step of an ordered pass over the nu keys kb[u] of each lane (strip u: 32 consecutive entries):
+    inl[u] = the packed counts of the warp's entries before mine in the step (CNT_MASK bits) | my class,
+    ws[0] = the warp's packed total. A key above hi is taken for sure, a key in [lo, hi] is a tie (key 0,
+    no entry, is below lo); when cnt == kk every key in [lo, hi] is taken: one ballot per strip."""
+    dm = T.alloc_var("uint32")
+    tm = T.alloc_var("uint32")
+    kx = T.alloc_var("uint32")
+    cv = T.alloc_var("int32")
+    ws[0] = 0
+    if cnt == kk:
+        for u in T.unroll(nu):
+            dm = T.Cast("uint32", T.ballot_sync(kb[u] >= lo))
+            inl[u] = (ws[0] + T.Cast("int32", T.popcount(dm & lt))
+                      + T.if_then_else(kb[u] >= lo, CLS_TAKE, 0))
+            ws[0] = ws[0] + T.Cast("int32", T.popcount(dm))
+    else:
+        for u in T.unroll(nu):
+            kx = kb[u]
+            cv = T.if_then_else(kx > hi, 1, T.if_then_else(kx >= lo, TIE, 0))
+            dm = T.Cast("uint32", T.ballot_sync(cv == 1))
+            tm = T.Cast("uint32", T.ballot_sync(cv == TIE))
+            inl[u] = (ws[0] + T.Cast("int32", T.popcount(dm & lt))
+                      + T.Cast("int32", T.popcount(tm & lt)) * TIE
+                      + T.if_then_else(cv == 1, CLS_TAKE, 0)
+                      + T.if_then_else(cv == TIE, CLS_TIE, 0))
+            ws[0] = (ws[0] + T.Cast("int32", T.popcount(dm))
+                     + T.Cast("int32", T.popcount(tm)) * TIE)
+
+
 @tilelang.jit(pass_configs={**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
 def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: str = "int32",
                    cache_cap: int = 0, with_values: bool = True, with_offset: bool = False,
@@ -702,7 +738,6 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
     wpt = max(1, bmw // NT)  # bitmap words per thread in the rank scan
     ZERO, KEY_MAX, NO_BIN = T.uint32(0), T.uint32(0xFFFFFFFF), T.uint32(0xFFFFFFFF)
     NEG_INF_BITS = T.uint32(0xFF800000)
-    TIE = 1 << 16  # packed counts: taken-for-sure in the low 16 bits, ties above
     S = split
     assert S in (1, 2, 4, 8), split
     # fewer threads only for one CTA per row (the split's block move holds cap / NT entries per thread);
@@ -729,7 +764,6 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
     def cluster(half):
         """One half of the cluster barrier ("arrive" or "wait"), by every thread of every CTA."""
         return T.call_extern("uint32", f"tl_topk_cluster_{half}")
-    CLS_TAKE, CLS_TIE, CNT_MASK = 1 << 28, 1 << 29, (1 << 28) - 1
 
     def raw(scores, i):
         return _f32_bits(scores[i])
@@ -893,7 +927,6 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             kmax = T.alloc_var("uint32")
             lt = T.alloc_var("uint32")
             dm = T.alloc_var("uint32")
-            tm = T.alloc_var("uint32")
             c = T.alloc_var("int32")
             incl = T.alloc_local([1], "int32")  # a warp_scan result
             tmp = T.alloc_var("int32")
@@ -909,7 +942,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             rk = T.alloc_var("int32")
             b0 = T.alloc_var("uint32")
             wsum = T.alloc_var("int32")
-            cv = T.alloc_var("int32")
+            wcnt = T.alloc_local([1], "int32")  # an ordered-pass step's packed total (_ordered_classes)
             kx = T.alloc_var("uint32")
             tf = T.alloc_var("float32")  # float filter of the compaction threshold
             xf = T.alloc_var("float32")
@@ -1373,29 +1406,11 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         if run_def + T.min(run_tie, kk) < k:  # lanes found so far (run_def <= k - kk)
                             if src == 0:  # else (src 3) the one tile's keys are in kb already
                                 next_keys(scores, kb, kn, base, it, e, tx)
-                            wsum = 0
-                            if cnt == kk:  # uniform: taken iff key >= lo, all counted as taken for sure
-                                for u in T.unroll(UNROLL):
-                                    dm = T.Cast("uint32", T.ballot_sync(kb[u] >= lo))  # key 0: below lo
-                                    inl[u] = (wsum + T.Cast("int32", T.popcount(dm & lt))
-                                              + T.if_then_else(kb[u] >= lo, CLS_TAKE, 0))
-                                    wsum = wsum + T.Cast("int32", T.popcount(dm))
-                            else:
-                                for u in T.unroll(UNROLL):
-                                    kx = kb[u]  # key 0 past the end: below lo
-                                    cv = T.if_then_else(kx > hi, 1, T.if_then_else(kx >= lo, TIE, 0))
-                                    dm = T.Cast("uint32", T.ballot_sync(cv == 1))
-                                    tm = T.Cast("uint32", T.ballot_sync(cv == TIE))
-                                    inl[u] = (wsum + T.Cast("int32", T.popcount(dm & lt))
-                                              + T.Cast("int32", T.popcount(tm & lt)) * TIE
-                                              + T.if_then_else(cv == 1, CLS_TAKE, 0)
-                                              + T.if_then_else(cv == TIE, CLS_TIE, 0))
-                                    wsum = (wsum + T.Cast("int32", T.popcount(dm))
-                                            + T.Cast("int32", T.popcount(tm)) * TIE)
+                            _ordered_classes(kb, inl, wcnt, UNROLL, lo, hi, cnt, kk, lt)
                             for u in T.unroll(UNROLL):
                                 kb[u] = ZERO  # src 3 has one tile: kb is not live across the emits
                             if lane == 0:
-                                s_scan[it % 2, warp] = wsum
+                                s_scan[it % 2, warp] = wcnt[0]
                             T.sync_threads()
                             wtot = per_warp(s_scan, it % 2, lane, 0)
                             tmp = T.if_then_else(lane < warp, wtot, 0)
@@ -1457,8 +1472,6 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
     BPL = W_NB // 32  # histogram bins per lane in the clear and the scan
     WH = W_NB + 32  # a warp's histogram: W_NB bins, then a spare counter per lane (see hist_step)
     ZERO, KEY_MAX = T.uint32(0), T.uint32(0xFFFFFFFF)
-    TIE = 1 << 16  # packed counts of a step (<= ST each): taken-for-sure in the low 16 bits, ties above
-    CLS_TAKE, CLS_TIE, CNT_MASK = 1 << 28, 1 << 29, (1 << 28) - 1
     fills, emit = _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fill, mode,
                                cand_bs, block_c, nc, mb, 32)
 
@@ -1546,12 +1559,8 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
             tmp = T.alloc_var("int32")
             wpre = T.alloc_var("int32")
             h = T.alloc_var("int32")
-            kx = T.alloc_var("uint32")
-            cv = T.alloc_var("int32")
-            dm = T.alloc_var("uint32")
-            tm = T.alloc_var("uint32")
             lt = T.alloc_var("uint32")
-            wsum = T.alloc_var("int32")
+            wcnt = T.alloc_local([1], "int32")  # an ordered-pass step's packed total (_ordered_classes)
             run_def = T.alloc_var("int32")
             run_tie = T.alloc_var("int32")
             d_before = T.alloc_var("int32")
@@ -1645,25 +1654,7 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
                                     kb[u] = s_keys[kw + it * ST + u * 32 + lane]
                             else:
                                 step_keys(scores, kb, kn, base, it, e, lane)
-                            wsum = 0
-                            if cnt == kk:
-                                for u in T.unroll(U):
-                                    dm = T.Cast("uint32", T.ballot_sync(kb[u] >= lo))  # key 0: below lo
-                                    inl[u] = (wsum + T.Cast("int32", T.popcount(dm & lt))
-                                              + T.if_then_else(kb[u] >= lo, CLS_TAKE, 0))
-                                    wsum = wsum + T.Cast("int32", T.popcount(dm))
-                            else:
-                                for u in T.unroll(U):
-                                    kx = kb[u]
-                                    cv = T.if_then_else(kx > hi, 1, T.if_then_else(kx >= lo, TIE, 0))
-                                    dm = T.Cast("uint32", T.ballot_sync(cv == 1))
-                                    tm = T.Cast("uint32", T.ballot_sync(cv == TIE))
-                                    inl[u] = (wsum + T.Cast("int32", T.popcount(dm & lt))
-                                              + T.Cast("int32", T.popcount(tm & lt)) * TIE
-                                              + T.if_then_else(cv == 1, CLS_TAKE, 0)
-                                              + T.if_then_else(cv == TIE, CLS_TIE, 0))
-                                    wsum = (wsum + T.Cast("int32", T.popcount(dm))
-                                            + T.Cast("int32", T.popcount(tm)) * TIE)
+                            _ordered_classes(kb, inl, wcnt, U, lo, hi, cnt, kk, lt)
                             for u in T.unroll(U):
                                 d_before = run_def + ((inl[u] & CNT_MASK) & 0xFFFF)
                                 t_before = run_tie + ((inl[u] & CNT_MASK) >> 16)
@@ -1673,8 +1664,8 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
                                     if pos < k:
                                         emit(scores, offset, cand, table, values, indices, row, base, pos,
                                              it * ST + u * 32 + lane)
-                            run_def = run_def + (wsum & 0xFFFF)
-                            run_tie = run_tie + (wsum >> 16)
+                            run_def = run_def + (wcnt[0] & 0xFFFF)
+                            run_tie = run_tie + (wcnt[0] >> 16)
 
     return kernel
 
