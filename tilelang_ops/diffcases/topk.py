@@ -64,15 +64,10 @@ def self_check(case_id: str):
     """Loop reference vs vectorized twin on CPU (top-k cases); invariants for the others."""
     mode, k, x, end, table, blocks = _inputs(case_id, "cpu")
     if mode == "blockmax":
+        from tests.test_topk import block_max_by_amax, canonical_nans
+
         out = block_max_scores_ref(x, k, end)
-        masked = torch.where(torch.arange(x.shape[1])[None] < end[:, None].long(), x,
-                             torch.full_like(x, float("-inf")))
-        pad = (-x.shape[1]) % k
-        want = torch.nn.functional.pad(masked, (0, pad), value=float("-inf")).reshape(
-            x.shape[0], -1, k).amax(-1)
-        # amax propagates NaN but not its bits (the reference keeps the first NaN's sign and payload)
-        canon = lambda t: torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t)  # noqa: E731
-        return [compare_bitwise("block_max vs amax", canon(out), canon(want))]
+        return [compare_bitwise("block_max vs amax", canonical_nans(out), block_max_by_amax(x, k, end))]
     if mode is None:
         slots = topk_to_slots_ref(x, 64, end=end, candidate_blocks=blocks, candidate_block_size=16,
                                   block_size_c=64, block_tables=table)
