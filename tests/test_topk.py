@@ -796,9 +796,11 @@ def test_v3_launch_choice():
     # a warp per row for at least n / 256 rows of <= WARP_ROW_MAX entries per SM; else 256-thread CTAs for
     # more short rows (<= 4096 entries) than SMs; a split row keeps the full CTA
     assert SHORT_ROW_THREADS == 256 and THREADS == 1024 and WARP_ROW_MAX == 4096
-    assert _v3_launch(1056, 2048, 132) == {"split": 1, "threads": 32}
-    assert _v3_launch(1055, 2048, 132) == {"split": 1, "threads": 256}
-    assert _v3_launch(528, 1000, 132) == {"split": 1, "threads": 32}
+    # (n / 320 rows per SM for rows that fit the warp's key cache)
+    assert _v3_launch(845, 2048, 132) == {"split": 1, "threads": 32}
+    assert _v3_launch(844, 2048, 132) == {"split": 1, "threads": 256}
+    assert _v3_launch(413, 1000, 132) == {"split": 1, "threads": 32}
+    assert _v3_launch(412, 1000, 132) == {"split": 1, "threads": 256}
     assert _v3_launch(2112, 4096, 132) == {"split": 1, "threads": 32}
     assert _v3_launch(2111, 4096, 132) == {"split": 1, "threads": 256}
     assert _v3_launch(1 << 20, 4097, 132) == {"split": 1, "threads": 1024}  # past WARP_ROW_MAX

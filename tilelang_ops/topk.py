@@ -1447,6 +1447,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
 # slower than the shuffle-and-vote one.
 WARP_ROWS = 4  # 8 rows per CTA measured 1-6% slower
 WARP_ROW_MAX = 4096  # the longest rows _v3_threads gives a warp (at 8192 it was 2-3% slower)
+WARP_DIV = 256  # _v3_threads: a warp per row from n / WARP_DIV rows per SM ...
+WARP_CACHED_DIV = 320  # ... n / WARP_CACHED_DIV for rows that fit the key cache (W_CACHE)
 W_BITS = 8
 W_NB = 1 << W_BITS
 W_UNROLL = 8  # strips of 32 entries per step: independent loads in flight per lane
@@ -1710,7 +1712,8 @@ def _v3_threads(b: int, n: int, cache_cap: int, sms: int) -> int:
     """Threads per CTA for v3 (one CTA per row), or 32: one warp per row (`topk_kernel_warp`).
 
     A warp per row when rows are at most WARP_ROW_MAX entries and there are at least n / 256 of them per SM
-    (b * 256 >= n * sms; the rule fits every crossover measured at n = 1000 .. 4096): a warp then does a row's
+    (b * WARP_DIV >= n * sms; the rule fits every crossover measured at n = 1000 .. 4096; n / 320 for rows of
+    at most W_CACHE entries, see below): a warp then does a row's
     whole search without a block barrier, and an SM holds up to 24 rows at a time, where a 1024-thread CTA
     holds one and leaves most of its warps idle on a short row. H200, randn, k = 512, us, warp / the CTA
     kernel: 4096 x 1000 40.8 / 93.3, 4096 x 2048 85.5 / 115.3, 4096 x 4096 164.1 / 199.5, 4096 x 8192 316.4 /
@@ -1720,13 +1723,16 @@ def _v3_threads(b: int, n: int, cache_cap: int, sms: int) -> int:
     rows of 16384 (4096 x 16384: 616 / 291); at 8192 entries it never won, 2-3% behind, hence WARP_ROW_MAX =
     4096. Since rows of at most W_CACHE entries keep their keys in shared memory: 4096 x 1000 37.5, 4096 x
     2048 69.0 (bf16 75.7), 4096 x 4096 166.5, 1024 x 2048 30.1 (the CTA kernel 36.9: the threshold is now
-    conservative for such rows; not re-measured at fewer rows), 1024 x 4096 68.0 / 57.9.
+    conservative for such rows), 1024 x 4096 68.0 / 57.9. Hence rows of at most W_CACHE entries take the warp
+    from n / 320 rows per SM (WARP_CACHED_DIV; fits every crossover of the sweep at 264 .. 1024 rows, k = 512, us,
+    warp / the CTA kernel: n = 1000: 396 rows 15.6 / 14.1, 528 15.9 / 21.4; n = 2048: 792 31.4 / 27.0, 1024 31.3 /
+    37.1; one miss, n = 1536 at 528 rows 21.5 / 23.0, stays on the CTA kernel).
     Else SHORT_ROW_THREADS for rows of the short tier (<= 4096 entries) when there are more rows than SMs,
     else THREADS. Three 256-thread CTAs share an SM (72 registers a thread, 18K of the SM's 64K per CTA).
     H200, randn, k = 512, us at 1024 / 256 threads (before the branch-free key): 4096 x 2048 355 / 145, 1024 x
     2048 93 / 44, 264 x 2048 26 / 16; but 4096 x 8192 395 / 398 and 264 x 8192 29 / 31 (longer rows: 1024 is
     as fast or faster; 512 threads never won)."""
-    if n <= WARP_ROW_MAX and b * 256 >= n * sms:
+    if n <= WARP_ROW_MAX and b * (WARP_CACHED_DIV if n <= W_CACHE else WARP_DIV) >= n * sms:
         return 32
     return SHORT_ROW_THREADS if cache_cap == SMALL_CACHE and b > sms else THREADS
 
