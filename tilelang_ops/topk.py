@@ -1723,10 +1723,10 @@ def _v3_threads(b: int, n: int, cache_cap: int, sms: int) -> int:
     rows of 16384 (4096 x 16384: 616 / 291); at 8192 entries it never won, 2-3% behind, hence WARP_ROW_MAX =
     4096. Since rows of at most W_CACHE entries keep their keys in shared memory: 4096 x 1000 37.5, 4096 x
     2048 69.0 (bf16 75.7), 4096 x 4096 166.5, 1024 x 2048 30.1 (the CTA kernel 36.9: the threshold is now
-    conservative for such rows), 1024 x 4096 68.0 / 57.9. Hence rows of at most W_CACHE entries take the warp
-    from n / 320 rows per SM (WARP_CACHED_DIV; fits every crossover of the sweep at 264 .. 1024 rows, k = 512, us,
-    warp / the CTA kernel: n = 1000: 396 rows 15.6 / 14.1, 528 15.9 / 21.4; n = 2048: 792 31.4 / 27.0, 1024 31.3 /
-    37.1; one miss, n = 1536 at 528 rows 21.5 / 23.0, stays on the CTA kernel).
+    conservative for such rows), 1024 x 4096 68.0 / 57.9. Hence rows of at most W_CACHE entries take the
+    warp from n / 320 rows per SM (WARP_CACHED_DIV; fits every crossover of the sweep at 264 .. 1024 rows,
+    k = 512, us, warp / the CTA kernel: n = 1000: 396 rows 15.6 / 14.1, 528 15.9 / 21.4; n = 2048: 792
+    31.4 / 27.0, 1024 31.3 / 37.1; one miss, n = 1536 at 528 rows 21.5 / 23.0, stays on the CTA kernel).
     Else SHORT_ROW_THREADS for rows of the short tier (<= 4096 entries) when there are more rows than SMs,
     else THREADS. Three 256-thread CTAs share an SM (72 registers a thread, 18K of the SM's 64K per CTA).
     H200, randn, k = 512, us at 1024 / 256 threads (before the branch-free key): 4096 x 2048 355 / 145, 1024 x
