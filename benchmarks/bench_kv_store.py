@@ -10,8 +10,9 @@ of that sector is written much later, after the sector has left L2 (a partial-se
 
 The default variant (v3) is reported with the previous one (v2) as peer ``v2`` and, for the FP4 formats,
 v3 with its cast options off as peer ``v3plain`` (``OPTION_PEERS``; the default turns e2m1_bf16x2 /
-scale_mul on). KV_STORE_SWEEP=1 also times v3's launch shapes in ``SWEEP`` (chunks, rows per thread, min
-CTAs per SM, cast options) at 1M rows (lines ``SWEEP kv_store ...``; tuning data for
+scale_mul, inv_table, e2m1_noclamp on). KV_STORE_SWEEP=1 also times v3's launch shapes in ``SWEEP`` (chunks,
+rows per thread, min CTAs per SM, cast options) at 1M rows (KV_STORE_SWEEP=fp4_main,...: those formats
+only; lines ``SWEEP kv_store ...``; tuning data for
 ``tilelang_ops.kv_store.CHUNKS`` / ``ROWS_PER_THREAD_V3`` / ``V3_OPTIONS``, not reported)."""
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def run(h: Harness) -> None:
                      peers=peers)
             del kv, cache
             torch.cuda.empty_cache()
-    if os.environ.get("KV_STORE_SWEEP", "0") == "1":
-        sweep()
+    if os.environ.get("KV_STORE_SWEEP", "0") != "0":
+        sweep(None if os.environ["KV_STORE_SWEEP"] == "1" else os.environ["KV_STORE_SWEEP"].split(","))
 
 
 # (chunks per lane, rows per thread, min CTAs per SM[, v3 cast options]) per format. The min-CTAs entries
@@ -91,9 +92,11 @@ def run(h: Harness) -> None:
 # (6) / 72 (7, 32 B stack); fp4 R=1 90 -> 80 (6) / 72 (7, 32 B); fp4 index R=1 102 -> 96 (5, 8 B); bf16 R=2
 # 120 -> 96. With the cast options (96 registers at 5 CTAs): fp4 main R=2 16 B stack (as without),
 # fp4 index R=1 none (4 B without); SASS per thread 1736 -> 1680 and 1272 -> 1096.
+_FP4_MAIN_OPTS = "scale_mul,inv_table,e2m1_noclamp"
 SWEEP = {"fp8_main": ((2, 2, 0), (2, 2, 5), (2, 1, 0), (2, 1, 6), (2, 1, 7), (4, 1, 4), (4, 1, 0)),
-         "fp4_main": ((2, 1, 0), (2, 1, 6), (2, 1, 7), (2, 2, 5), (2, 2, 5, "scale_mul"),
-                      (2, 1, 6, "scale_mul"), (4, 1, 4, "scale_mul"), (4, 1, 0, "scale_mul")),
+         "fp4_main": ((2, 2, 5), (2, 2, 5, "scale_mul"), (2, 2, 5, "scale_mul,inv_table"),
+                      (2, 2, 5, _FP4_MAIN_OPTS), (2, 2, 4, _FP4_MAIN_OPTS), (2, 1, 6, _FP4_MAIN_OPTS),
+                      (2, 2, 0, _FP4_MAIN_OPTS), (4, 1, 4, _FP4_MAIN_OPTS)),
          "fp4_index": ((2, 1, 0), (2, 1, 5), (2, 1, 6), (2, 1, 5, "e2m1_bf16x2"), (2, 1, 6, "e2m1_bf16x2"),
                        (2, 1, 0, "e2m1_bf16x2"), (4, 1, 4, "e2m1_bf16x2"), (4, 1, 0, "e2m1_bf16x2")),
          "bf16": ((2, 2, 0), (2, 2, 5))}
@@ -114,18 +117,21 @@ def _env(**env):
                 os.environ[k] = v
 
 
-def sweep() -> None:
-    """v3's launch shapes in SWEEP at 1M rows (kernels compiled first, in parallel processes)."""
+def sweep(names=None) -> None:
+    """v3's launch shapes in SWEEP at 1M rows (kernels compiled first, in parallel processes), for the
+    formats named in ``names`` (KV_STORE_SWEEP=fp4_main,...; None: every format)."""
     from tilelang_ops.build import compile_in_processes
     from tilelang_ops.kv_store import norm_rope_hadamard_cast_store, v3_options
 
     rows = 1 << 20
     items = [(fmt.name, 64, True, hadamard, False, ROWS_PER_BLOCK if fmt.block_sections else 1, "bfloat16",
               "int64", "int64", e[1], e[0], e[2]) + v3_options(fmt, _opts(e))
-             for fmt, hadamard in FORMATS for e in SWEEP[fmt.name]]
+             for fmt, hadamard in FORMATS for e in SWEEP[fmt.name] if names is None or fmt.name in names]
     compile_in_processes([("tilelang_ops.kv_store", "kv_store_kernel_v3", item) for item in items],
                          report=lambda line: None)
     for fmt, hadamard in FORMATS:
+        if names is not None and fmt.name not in names:
+            continue
         kv, w, cos, sin, pos, slots, cache = _inputs(fmt, rows)
         args = (kv, w, 1e-6, cos, sin, pos, slots, cache, fmt)
         del kv, cache

@@ -257,6 +257,46 @@ def test_option_scales_equal_reference_on_every_bf16_amax():
         amax.clamp_min(idx.amax_floor), 6.0)[1])
 
 
+def _nearest_f32(q) -> int:
+    """Bits of the FP32 nearest to the positive rational q (ties to an even mantissa), by search."""
+    from fractions import Fraction
+
+    b = struct.unpack("<I", struct.pack("<f", float(q)))[0]  # within an ulp or two of the answer
+    cands = [c for c in range(b - 2, b + 3) if c & 0x7F800000 != 0x7F800000]
+    err = {c: abs(Fraction(struct.unpack("<f", struct.pack("<I", c))[0]) - q) for c in cands}
+    best = min(err.values())
+    return min((c for c in cands if err[c] == best), key=lambda c: c & 1)
+
+
+def test_inv_table_and_noclamp_on_every_bf16_amax():
+    """FP4 main's inv_table and e2m1_noclamp options. The table holds the IEEE quotient 2 / sf of every
+    e4m3 scale byte the cast can store (the nearest FP32 to the exact rational, ties to even). The clamp
+    skip: on every BF16 amax whose scale byte is normal (>= 8) from an unclamped amax / 6 (<= 448), the
+    largest |2z| = RN(amax * (2 / sf)) stays below 14, and every FP32 in [12, 14) encodes to code 7 without
+    the clamp, as with it (the encode is monotone in |y| <= amax). Subnormal scales reach |2z| >= 14: there
+    the clamp matters, which is why the kernel tests the byte."""
+    from fractions import Fraction
+
+    from tilelang_ops.kv_store import inv_e4m3_table
+
+    table = inv_e4m3_table()
+    bits = table.view(torch.int32).tolist()
+    values = _e4m3_table()
+    for b in range(1, 127):
+        assert bits[b] == _nearest_f32(Fraction(2) / Fraction(values[b])), b
+    main = FORMATS["fp4_main"]
+    amax = (_ALL_BF16 << 16).view(torch.float32).clamp_min(main.amax_floor)
+    a6 = amax * f32(1.0 / 6.0)
+    byte = cast_to_e4m3_bits(a6.clamp_max(448.0)).long()
+    z2 = amax * table[byte]
+    fast = (byte >= 8) & (a6 <= 448.0)
+    assert float(z2[fast].max()) < 14.0 and float(z2[~fast & (byte < 8)].max()) >= 14.0
+    x = torch.arange(0x41400000, 0x41600000, dtype=torch.int32).view(torch.float32)  # [12, 14)
+    f = (x.view(torch.int32) & 0x7F800000).clamp_min(0x40000010)
+    t = (f + (f >> 22)).view(torch.float32) * 2.0**22 + x
+    assert bool(((t.view(torch.int32) & 15) == 7).all())
+
+
 def e2m1_bf16x2_codes(y: torch.Tensor, e: int) -> torch.Tensor:
     """make_row_store(e2m1_bf16x2=True)'s code of BF16 y under the UE8M0 scale 2^(e - 127), op for op
     (one half of a pair): G = max(bits(|y|) & 0x7F80, e << 7); M = G + (G >> 6) + (128 - e) * 130 + 512;
@@ -838,9 +878,10 @@ def test_build_sm90_v3(fmt_name):
 def test_build_sm90_v3_options(monkeypatch):
     """v3's cast options lower and compile; e2m1_bf16x2 declares and calls its BF16x2 helpers, keeps the
     8-byte payload stores and needs no division for the scale; scale_mul drops the amax / 6 division;
+    inv_table reads 2 / sf from its table (no division left but the norm's), e2m1_noclamp votes;
     options off (or not applicable) leave the source without them."""
     from tilelang_ops.build import compile_for_sm90
-    from tilelang_ops.kv_store import BF16X2_PRELUDE, kv_store_kernel_v3, v3_options
+    from tilelang_ops.kv_store import BF16X2_PRELUDE, INV_E4M3_PRELUDE, kv_store_kernel_v3, v3_options
 
     idx = ("fp4_index", 64, True, True, False, 64, "bfloat16", "int64", "int64", 1, 2, 5)
     src = compile_for_sm90(kv_store_kernel_v3, *idx, True, False).get_kernel_source()
@@ -850,15 +891,18 @@ def test_build_sm90_v3_options(monkeypatch):
     src = compile_for_sm90(kv_store_kernel_v3, *main, False, True).get_kernel_source()
     assert "__fdiv_rn(amax" not in src and "__fmul_rn(amax" in src and "tl_kvs" not in src
     assert "__fdiv_rn(amax" in compile_for_sm90(kv_store_kernel_v3, *main).get_kernel_source()
+    src = compile_for_sm90(kv_store_kernel_v3, *main, False, True, True, True).get_kernel_source()
+    assert INV_E4M3_PRELUDE in src and "inv = tl_kvs_inv_e4m3(" in src and "__all_sync(" in src
+    assert "__fdiv_rn" not in src.replace("rstd = __fdiv_rn(", "")  # the scale's division is gone
     names = ("e2m1_bf16x2", "scale_mul")
-    assert v3_options(FORMATS["fp4_index"], names) == (True, False)
-    assert v3_options(FORMATS["fp4_main"], names) == (False, True)
+    assert v3_options(FORMATS["fp4_index"], names) == (True, False, False, False)
+    assert v3_options(FORMATS["fp4_main"], names) == (False, True, False, False)
     assert v3_options(FORMATS["fp8_main"], names) == () and v3_options(FORMATS["bf16"], names) == ()
     with pytest.raises(ValueError, match="options"):
         v3_options(FORMATS["fp4_main"], ("e2m1_bf16", ))
     monkeypatch.delenv("KV_STORE_V3_OPTIONS", raising=False)  # the defaults: on where they apply
-    assert v3_options(FORMATS["fp4_index"]) == (True, False)
-    assert v3_options(FORMATS["fp4_main"]) == (False, True)
+    assert v3_options(FORMATS["fp4_index"]) == (True, False, False, False)
+    assert v3_options(FORMATS["fp4_main"]) == (False, True, True, True)
     monkeypatch.setenv("KV_STORE_V3_OPTIONS", "none")
     assert v3_options(FORMATS["fp4_index"]) == () and v3_options(FORMATS["fp4_main"]) == ()
 
@@ -1085,17 +1129,20 @@ def test_kernel_v3_chunks(fmt_name, interleaved, chunks, monkeypatch):
 @requires_cuda
 @pytest.mark.parametrize("rpt", [1, 2])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
-@pytest.mark.parametrize("options", ["e2m1_bf16x2,scale_mul", "none"], ids=["options", "plain"])
+@pytest.mark.parametrize("options", ["e2m1_bf16x2,scale_mul,inv_table,e2m1_noclamp", "none"],
+                         ids=["options", "plain"])
 @pytest.mark.parametrize("fmt_name", ["fp4_main", "fp4_index"])
 def test_kernel_v3_options(fmt_name, options, interleaved, rpt, monkeypatch):
-    """v3 with its cast options on (KV_STORE_V3_OPTIONS: e2m1_bf16x2 for FP4 index, scale_mul for FP4
-    main; the default) and off, rows per thread forced, on a partial last CTA, a tiny launch and a row of
-    tiny values (scales at the amax floor): bitwise equal to the oracle (the options change
-    instructions, not bytes)."""
+    """v3 with its cast options on (KV_STORE_V3_OPTIONS: e2m1_bf16x2 for FP4 index, scale_mul, inv_table
+    and e2m1_noclamp for FP4 main; the default) and off, rows per thread forced, on a partial last CTA, a
+    tiny launch, rows of tiny values (scales at the amax floor) and, for FP4 main, rows whose amax / 6
+    lands just above subnormal e4m3 scales (|z| up to 9: e2m1_noclamp's clamped encode): bitwise equal
+    to the oracle (the options change instructions, not bytes)."""
     monkeypatch.setenv("KV_STORE_V3_OPTIONS", options)
     monkeypatch.setenv("KV_STORE_ROWS_PER_THREAD", str(rpt))
     index = fmt_name == "fp4_index"
-    for rows, scale in ((3001, 1.0), (7, 1.0), (515, 1e-30 if index else 1e-6)):
+    tiny, near_subnormal = (1e-30, 1.0) if index else (1e-6, 5e-6)
+    for rows, scale in ((3001, 1.0), (7, 1.0), (515, tiny), (263, near_subnormal)):
         case = GpuCase(f"opt{rows}", fmt_name, rows, interleaved=interleaved, hadamard=index, scale=scale,
                        rows_per_block=5 if index else 64)
         _check_v3_against_oracle(case)

@@ -103,7 +103,8 @@ def kernel_supports(fmt: KVCacheFormat, rope_dim: int, interleaved: bool) -> str
 def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamard: bool,
                    has_out_norm: bool, rows_per_block: int, weight_dtype: str,
                    weight_in_registers: bool = False, fast: bool = False, chunks: int = 1,
-                   e2m1_fma: bool = False, e2m1_bf16x2: bool = False, scale_mul: bool = False):
+                   e2m1_fma: bool = False, e2m1_bf16x2: bool = False, scale_mul: bool = False,
+                   inv_table: bool = False, e2m1_noclamp: bool = False):
     """The per-row pipeline as a ``@T.macro`` (see the module docstring for the lane layout).
 
     Macro arguments: ``x`` local FP32 [chunks * 16]: this lane's chunks of the BF16 input row, chunk
@@ -133,6 +134,13 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     ``scale_mul`` (v3 option, e4m3 scales, i.e. FP4 main rows): ``amax * RN(1/6)`` instead of the IEEE
     division ``amax / 6`` before the e4m3 rounding (equal for every BF16-valued amax, which the cast
     input always is: tests/test_kv_store.py checks all of them).
+    ``inv_table`` (v3 option, e4m3 scales with ``e2m1_fma``, i.e. FP4 main rows; the kernel must declare
+    ``INV_E4M3_PRELUDE``): 2 / sf read from a 128-entry table indexed by the scale's e4m3 byte (the
+    IEEE quotient, computed on the host) instead of an IEEE division per scale group: no reciprocal
+    fix-up and no call into the division's slow path (which made nvcc spill registers around it).
+    ``e2m1_noclamp`` (v3 option with ``inv_table``): the e2m1 encode skips the clamp of |2z| to 12 when
+    every lane of the warp has a normal, unclamped scale (see the cast stage), one instruction less
+    per element.
     """
     C = chunks
     dim = fmt.dim
@@ -146,6 +154,10 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     lanes_per_group = max(1, group // VEC)  # chunks per scale group (a group pair is lanes q, q ^ 1)
     e2m1_bf16x2 = e2m1_bf16x2 and option_applies("e2m1_bf16x2", fmt)
     scale_mul = scale_mul and option_applies("scale_mul", fmt)
+    inv_table = inv_table and option_applies("inv_table", fmt)
+    e2m1_noclamp = e2m1_noclamp and option_applies("e2m1_noclamp", fmt)
+    assert not e2m1_noclamp or inv_table, "e2m1_noclamp tests the scale byte and amax / 6 of inv_table"
+    assert not inv_table or e2m1_fma, "the table holds 2 / sf, the scale e2m1_fma multiplies by"
     if e2m1_bf16x2:
         floor16 = struct.unpack("<I", struct.pack("<f", fmt.amax_floor))[0]
         assert fmt.qmax == 6.0 and lanes_per_group == 2 and floor16 & 0xFFFF == 0, fmt  # a BF16 floor
@@ -172,6 +184,31 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         for j in T.unroll(nc * VEC // 2):
             y[c0 * VEC + 2 * j] = T.reinterpret(pk[c0 * VEC // 2 + j] << T.uint32(16), "float32")
             y[c0 * VEC + 2 * j + 1] = T.reinterpret(pk[c0 * VEC // 2 + j] & T.uint32(0xFFFF0000), "float32")
+
+    def make_encode_e2m1(clamp):
+        @T.macro
+        def encode(y, words, c, inv):
+            """e2m1_fma's codes of chunk c (8 per word): clamp |z2| to 12 unless ``clamp`` is off."""
+            for w in T.unroll(VEC // 8):
+                for k in T.unroll(8):
+                    z2 = T.ieee_mul(y[c * VEC + 8 * w + k], inv)
+                    mag2 = T.min(T.abs(z2), _f32(12.0)) if clamp else T.abs(z2)
+                    fb = T.max(T.reinterpret(mag2 if clamp else z2, "uint32") & T.uint32(0x7F800000),
+                               T.uint32(0x40000010))
+                    tb = T.reinterpret(T.ieee_fmaf(
+                        T.reinterpret(fb + (fb >> T.uint32(22)), "float32"), _f32(2.0 ** 22),
+                        mag2), "uint32")
+                    if k == 0:
+                        words[c * (VEC // 8) + w] = tb << T.uint32(28)
+                    else:
+                        words[c * (VEC // 8) + w] = T.call_extern(
+                            "uint32", "__funnelshift_r", words[c * (VEC // 8) + w], tb, 4)
+                    words[c * (VEC // 8) + w] = (words[c * (VEC // 8) + w] | (
+                        T.reinterpret(z2, "uint32") & T.uint32(0x80000000)))
+        return encode
+
+    encode_e2m1 = make_encode_e2m1(True)
+    encode_e2m1_noclamp = make_encode_e2m1(False)
 
     @T.macro
     def row_store(x, lane, weight, cos, sin, cache, out_norm, position, slot, row_ok, out_row, max_pos,
@@ -396,6 +433,10 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                     # amax floor keeps e >= 1 and a BF16 amax keeps e <= 253, so the result is normal.
                     inv = T.reinterpret(T.uint32(0x7F000000 if not e2m1_fma else 0x7F800000) - bits,
                                         "float32")
+                elif inv_table:
+                    sf = T.ieee_mul(amax, _f32(1.0 / 6.0)) if scale_mul else T.ieee_fdiv(amax, _f32(6.0))
+                    sbyte = T.reinterpret(T.Cast("float8_e4m3fn", T.min(sf, _f32(448.0))), "uint8")
+                    inv = T.call_extern("float32", "tl_kvs_inv_e4m3", T.Cast("uint32", sbyte))  # 2 / sf
                 else:
                     sf = T.Cast("float32", T.Cast("float8_e4m3fn", T.min(
                         T.ieee_mul(amax, _f32(1.0 / 6.0)) if scale_mul else T.ieee_fdiv(amax, _f32(6.0)),
@@ -425,22 +466,18 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                     # one LEA.HI). Packing: word = (word >> 4) | (bits(t) << 28) as one funnel shift,
                     # then the sign into bit 31; after 8 elements nibble k is element k (tests: the
                     # torch port e2m1_words_kernel_expression_v3, exhaustive).
-                    for w in T.unroll(VEC // 8):
-                        for k in T.unroll(8):
-                            z2 = T.ieee_mul(y[c * VEC + 8 * w + k], inv)
-                            mag2 = T.min(T.abs(z2), _f32(12.0))
-                            fb = T.max(T.reinterpret(mag2, "uint32") & T.uint32(0x7F800000),
-                                       T.uint32(0x40000010))
-                            tb = T.reinterpret(T.ieee_fmaf(
-                                T.reinterpret(fb + (fb >> T.uint32(22)), "float32"), _f32(2.0 ** 22),
-                                mag2), "uint32")
-                            if k == 0:
-                                words[c * (VEC // 8) + w] = tb << T.uint32(28)
-                            else:
-                                words[c * (VEC // 8) + w] = T.call_extern(
-                                    "uint32", "__funnelshift_r", words[c * (VEC // 8) + w], tb, 4)
-                            words[c * (VEC // 8) + w] = (words[c * (VEC // 8) + w] | (
-                                T.reinterpret(z2, "uint32") & T.uint32(0x80000000)))
+                    # e2m1_noclamp: when every lane of the warp has a normal e4m3 scale (byte >= 8) from an
+                    # unclamped amax / 6 (<= 448), sf >= (amax / 6) (1 - 2^-4) bounds |z2| below 13 < 14,
+                    # which the FFMA rounds to at most 12 (code 7): the clamp is a no-op and is skipped
+                    # (a warp-uniform branch; tiny or huge groups take the clamped encode)
+                    if e2m1_noclamp:
+                        if T.call_extern("int32", "__all_sync", T.uint32(0xFFFFFFFF), T.Cast(
+                                "int32", (sbyte >= T.uint8(8)) & (sf <= _f32(448.0)))) != 0:
+                            encode_e2m1_noclamp(y, words, c, inv)
+                        else:
+                            encode_e2m1(y, words, c, inv)
+                    else:
+                        encode_e2m1(y, words, c, inv)
                 else:
                     # e2m1 RNE without thresholds: a = min(|x|, 6); t = a + M rounds a to the grid of
                     # ulp(M) (RNE, one IEEE add): M = 2^22 (grid 0.5) below 2, 2^23 (grid 1) below 4,
@@ -543,14 +580,17 @@ def kv_store_kernel_v2(fmt_name: str, rope_dim: int, interleaved: bool, hadamard
 def kv_store_kernel_v3(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: bool, has_out_norm: bool,
                        rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str,
                        rows_per_thread: int = 1, chunks: int = 2, min_ctas: int = 0,
-                       e2m1_bf16x2: bool = False, scale_mul: bool = False):
+                       e2m1_bf16x2: bool = False, scale_mul: bool = False, inv_table: bool = False,
+                       e2m1_noclamp: bool = False):
     """Variant v3: v2's arithmetic with ``chunks`` 16-element chunks per lane (``make_row_store``);
     ``min_ctas`` > 1 caps registers so that many CTAs fit an SM (``__launch_bounds__``).
-    ``e2m1_bf16x2`` / ``scale_mul``: the cast options of ``make_row_store`` (False here; the wrapper
-    passes ``V3_OPTIONS``, on for the FP4 formats; same bytes; formats they do not apply to ignore them)."""
+    ``e2m1_bf16x2`` / ``scale_mul`` / ``inv_table`` / ``e2m1_noclamp``: the cast options of
+    ``make_row_store`` (False here; the wrapper passes ``V3_OPTIONS``, on for the FP4 formats; same bytes;
+    formats they do not apply to ignore them)."""
     return _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
                           weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=True, chunks=chunks,
-                          e2m1_fma=True, min_ctas=min_ctas, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul)
+                          e2m1_fma=True, min_ctas=min_ctas, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul,
+                          inv_table=inv_table, e2m1_noclamp=e2m1_noclamp)
 
 
 # Device helpers of make_row_store(e2m1_bf16x2=True) (unsigned words holding two BF16 values): one
@@ -570,9 +610,34 @@ __device__ __forceinline__ unsigned tl_kvs_bf16x2_max(unsigned a, unsigned b) {
 """
 
 
+def inv_e4m3_table() -> torch.Tensor:
+    """[128] fp32: 2 / float(sf) for every e4m3 byte sf (IEEE FP32 division; byte 0 gives inf and 0x7F
+    NaN, bytes the cast never stores: the amax floor keeps sf >= 2^-9 and sf <= 448)."""
+    sf = torch.arange(128, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    return torch.full((128,), 2.0, dtype=torch.float32) / sf
+
+
+def inv_e4m3_prelude(device: bool = True) -> str:
+    """The table of ``inv_e4m3_table`` and its reader ``tl_kvs_inv_e4m3(byte)`` as CUDA (``device``;
+    read through the read-only cache) or as plain C++ (tools/check_kv_store_emu.py)."""
+    bits = inv_e4m3_table().view(torch.int32).tolist()
+    table = ", ".join(f"0x{b & 0xFFFFFFFF:08X}u" for b in bits)
+    if device:
+        return (f"\n__device__ const unsigned tl_kvs_inv_e4m3_bits[128] = {{{table}}};\n"
+                "__device__ __forceinline__ float tl_kvs_inv_e4m3(unsigned b) {\n"
+                "  return __uint_as_float(__ldg(&tl_kvs_inv_e4m3_bits[b]));\n}\n")
+    return (f"\nstatic const uint tl_kvs_inv_e4m3_bits[128] = {{{table}}};\n"
+            "inline float tl_kvs_inv_e4m3(uint b) {\n"
+            "  float f; memcpy(&f, &tl_kvs_inv_e4m3_bits[b], 4); return f;\n}\n")
+
+
+# Device helper of make_row_store(inv_table=True): 2 / sf by the scale's e4m3 byte.
+INV_E4M3_PRELUDE = inv_e4m3_prelude()
+
+
 def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block, weight_dtype,
                    pos_dtype, slot_dtype, rows_per_thread, fast, chunks=1, e2m1_fma=False, min_ctas=0,
-                   e2m1_bf16x2=False, scale_mul=False):
+                   e2m1_bf16x2=False, scale_mul=False, inv_table=False, e2m1_noclamp=False):
     """``rows_per_thread`` (R): each thread stores R rows, ``rows_per_cta`` apart, so a CTA covers
     R * rows_per_cta consecutive rows; all R rows' loads are issued before the first row's math
     (R times the bytes in flight) and the lane's weights are loaded and converted once. ``chunks`` (C):
@@ -587,9 +652,12 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
     wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte loads
     row_store = make_row_store(fmt, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
                                weight_dtype, weight_in_registers=True, fast=fast, chunks=C,
-                               e2m1_fma=e2m1_fma, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul)
+                               e2m1_fma=e2m1_fma, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul,
+                               inv_table=inv_table, e2m1_noclamp=e2m1_noclamp)
     # the helpers are declared only where they are called (other kernels' sources stay as they were)
-    prelude = BF16X2_PRELUDE if e2m1_bf16x2 and option_applies("e2m1_bf16x2", fmt) else None
+    prelude = "".join(text for on, name, text in ((e2m1_bf16x2, "e2m1_bf16x2", BF16X2_PRELUDE),
+                                                  (inv_table, "inv_table", INV_E4M3_PRELUDE))
+                      if on and option_applies(name, fmt)) or None
     rows, norm_rows, max_pos = T.dynamic("rows, norm_rows, max_pos")
     cache_bytes = T.dynamic("cache_bytes", "int64")
     block_bytes = rows_per_block * fmt.row_bytes
@@ -681,14 +749,19 @@ MIN_CTAS_V3 = {"fp8_main": 5, "fp4_main": 5, "fp4_index": 5, "bf16": 5}
 # fp4 500 -> 505 / 577, fp4 index 180 -> 184 / 187, bf16 581 -> 632 / 779.
 
 
-# v3 cast options (make_row_store's e2m1_bf16x2: FP4 index rows, scale_mul: FP4 main rows; same bytes,
-# fewer instructions: SASS per thread fp4 index R=1 1272 -> 1096, fp4 main R=2 1736 -> 1680, min_ctas 5).
-# On since timed on the H200 (1M rows: fp4 index 198.8 -> 179.5 us, fp4 main 517.3 -> 499.8 us);
+# v3 cast options (make_row_store's e2m1_bf16x2: FP4 index rows; scale_mul, inv_table, e2m1_noclamp: FP4
+# main rows; same bytes, fewer instructions: SASS per thread fp4 index R=1 1272 -> 1096, fp4 main R=2 1736 ->
+# 1680 (scale_mul) -> 1616 (inv_table: no scale division, no call into its slow path) -> ~1564 executed
+# (e2m1_noclamp; 2072 static: both encodes), min_ctas 5). On since timed on the H200 (1M rows: fp4 index
+# 198.8 -> 179.5 us; fp4 main 517.3 -> 499.8 us (scale_mul), then 495.2 -> 497.0 (inv_table: fewer
+# instructions, the same time) -> 476.7 us (e2m1_noclamp), 0.68 of the copy roofline);
 # KV_STORE_V3_OPTIONS="e2m1_bf16x2,scale_mul" or "none" overrides this table for every format (the
 # benchmark's peer and sweep, the GPU tests). An option that does not apply to a format is dropped.
-V3_OPTION_NAMES = ("e2m1_bf16x2", "scale_mul")
-V3_OPTIONS = {"fp8_main": (), "fp4_main": ("scale_mul",), "fp4_index": ("e2m1_bf16x2",), "bf16": ()}
-_OPTION_APPLIES = {"e2m1_bf16x2": ("e2m1", "ue8m0"), "scale_mul": ("e2m1", "e4m3")}
+V3_OPTION_NAMES = ("e2m1_bf16x2", "scale_mul", "inv_table", "e2m1_noclamp")
+V3_OPTIONS = {"fp8_main": (), "fp4_main": ("scale_mul", "inv_table", "e2m1_noclamp"),
+              "fp4_index": ("e2m1_bf16x2",), "bf16": ()}
+_OPTION_APPLIES = {"e2m1_bf16x2": ("e2m1", "ue8m0"), "scale_mul": ("e2m1", "e4m3"),
+                   "inv_table": ("e2m1", "e4m3"), "e2m1_noclamp": ("e2m1", "e4m3")}
 
 
 def option_applies(name: str, fmt: KVCacheFormat) -> bool:

@@ -4,8 +4,8 @@ CUDA thread) and compare their cache bytes and out_norm bitwise with the vectori
 with only in-range slots, the loop reference). Every format, both RoPE conventions, Hadamard, rows per
 thread R = 1 / 2, out_norm on / off, BF16 / FP32 weights, int32 / int64 indices, odd row counts, slot -1,
 slots beyond the cache and positions beyond the table. Each variant in ``VARIANTS`` is checked, and
-"v3opt": v3 with every cast option of ``V3_OPTION_NAMES`` on (e2m1_bf16x2 for FP4 index rows, scale_mul
-for FP4 main rows; the other formats have none and are skipped), and "v3plain": v3 with none (checked
+"v3opt": v3 with every cast option of ``V3_OPTION_NAMES`` on (e2m1_bf16x2 for FP4 index rows, scale_mul,
+inv_table and e2m1_noclamp for FP4 main rows; the other formats have none and are skipped), and "v3plain": v3 with none (checked
 where ``V3_OPTIONS`` turns one on by default, i.e. where plain v3 differs from "v3"). The BF16x2 helpers of e2m1_bf16x2 run as
 a C++ emulation (``EMU_PRELUDE``: exact FMA, one RNE to BF16; prmt / vmax on the bytes / halves).
 `--mutate` checks that deliberately broken sources are caught.
@@ -84,6 +84,8 @@ def emu_for(variant, static, edit=None):
             src = src.replace(edit[0], edit[1], 1)
         if K.BF16X2_PRELUDE in src:
             src = src.replace(K.BF16X2_PRELUDE, EMU_PRELUDE)
+        if K.INV_E4M3_PRELUDE in src:
+            src = src.replace(K.INV_E4M3_PRELUDE, K.inv_e4m3_prelude(device=False))
         _emus[k] = Emu(src)
     return _emus[k]
 
@@ -104,6 +106,9 @@ CASES = [
     (StoreCase("idx_plain_w32_17", "fp4_index", 17, weight_fp32=True, rows_per_block=4), (1, 2), False, True),
     (StoreCase("bf16_7", "bf16", 7), (1, 2), True, True),
     (StoreCase("bf16_half_w32_9", "bf16", 9, interleaved=False, weight_fp32=True), (1, 2), False, False),
+    # amax / 6 just above a subnormal e4m3 scale (rounded down by up to a third): |z| up to 9, where the
+    # e2m1 clamp matters (e2m1_noclamp must take its clamped encode)
+    (StoreCase("fp4_subnormal_scale_9", "fp4_main", 9, scale=5e-6), (2,), False, False),
 ]
 
 
@@ -180,6 +185,8 @@ OPTION_MUTATIONS = {
     "bf16x2_scale_round": (7, ("(uint)63)", "(uint)64)")),
     "bf16x2_amax_half": (7, ("a16 = max((a16 & (uint)65535), (a16 >> (uint)16));", "a16 = (a16 & (uint)65535);")),
     "scale_mul_constant": (4, ("(uint)1042983595;", "(uint)1042983594;")),  # RN(1/6) - 1 ulp
+    "inv_table_index": (4, ("inv = tl_kvs_inv_e4m3(((uint)sbyte));", "inv = tl_kvs_inv_e4m3(((uint)sbyte) + 1u);")),
+    "noclamp_always": (14, ("if (__all_sync((uint)4294967295,", "if (1 | __all_sync((uint)4294967295,")),
 }
 # the FMA rounded toward zero (the grid rounding is the encode's RNE: truncation must be caught). An
 # unfused multiply-add would not be: |y| * 2 / sf is exact in BF16, so it is the same number.
