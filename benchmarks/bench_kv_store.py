@@ -8,10 +8,10 @@ The two differ in what the memory system sees, not in the kernel's work: a FP8 m
 FP4 index row's 4 scale bytes cover only part of a 32-byte sector, and with random rows the other part
 of that sector is written much later, after the sector has left L2 (a partial-sector write back).
 
-The default variant (v3) is reported with the previous one (v2) as peer ``v2`` and, for the FP4 formats,
-v3 with its cast options off as peer ``v3plain`` (``OPTION_PEERS``; the default turns e2m1_bf16x2 /
-scale_mul, inv_table, e2m1_noclamp on). KV_STORE_SWEEP=1 also times v3's launch shapes in ``SWEEP`` (chunks,
-rows per thread, min CTAs per SM, cast options) at 1M rows (KV_STORE_SWEEP=fp4_main,...: those formats
+The default variant (v3) is reported with the previous one (v2) as peer ``v2`` and v3 with its options
+off as peer ``v3plain`` (``OPTION_PEERS``; the default turns weight_smem on, and e2m1_bf16x2 / scale_mul,
+inv_table, e2m1_noclamp for the FP4 formats). KV_STORE_SWEEP=1 also times v3's launch shapes in ``SWEEP``
+(chunks, rows per thread, min CTAs per SM, options) at 1M rows (KV_STORE_SWEEP=fp4_main,...: those formats
 only; lines ``SWEEP kv_store ...``; tuning data for
 ``tilelang_ops.kv_store.CHUNKS`` / ``ROWS_PER_THREAD_V3`` / ``V3_OPTIONS``, not reported)."""
 
@@ -33,7 +33,7 @@ FORMATS = ((FP8_MAIN_KV_FORMAT, False), (FP4_MAIN_KV_FORMAT, False), (FP4_INDEX_
 ROWS_PER_BLOCK = 64
 MAX_POSITION = 8192
 TINY = 64  # at or below this many rows, time CUDA-graph replays (launch-bound)
-OPTION_PEERS = {"fp4_main": "none", "fp4_index": "none"}  # KV_STORE_V3_OPTIONS of peer v3plain
+OPTION_PEERS = {"fp8_main": "none", "fp4_main": "none", "fp4_index": "none", "bf16": "none"}  # peer v3plain
 ORDERS = {1 << 20: ("paged", "rowperm")}  # slot orders per row count (default: paged only)
 
 
@@ -93,13 +93,15 @@ def run(h: Harness) -> None:
 # 120 -> 96. With the cast options (96 registers at 5 CTAs): fp4 main R=2 16 B stack (as without),
 # fp4 index R=1 none (4 B without); SASS per thread 1736 -> 1680 and 1272 -> 1096.
 _FP4_MAIN_OPTS = "scale_mul,inv_table,e2m1_noclamp"
-SWEEP = {"fp8_main": ((2, 2, 0), (2, 2, 5), (2, 1, 0), (2, 1, 6), (2, 1, 7), (4, 1, 4), (4, 1, 0)),
-         "fp4_main": ((2, 2, 5), (2, 2, 5, "scale_mul"), (2, 2, 5, "scale_mul,inv_table"),
-                      (2, 2, 5, _FP4_MAIN_OPTS), (2, 2, 4, _FP4_MAIN_OPTS), (2, 1, 6, _FP4_MAIN_OPTS),
-                      (2, 2, 0, _FP4_MAIN_OPTS), (4, 1, 4, _FP4_MAIN_OPTS)),
-         "fp4_index": ((2, 1, 0), (2, 1, 5), (2, 1, 6), (2, 1, 5, "e2m1_bf16x2"), (2, 1, 6, "e2m1_bf16x2"),
-                       (2, 1, 0, "e2m1_bf16x2"), (4, 1, 4, "e2m1_bf16x2"), (4, 1, 0, "e2m1_bf16x2")),
-         "bf16": ((2, 2, 0), (2, 2, 5))}
+_W = "weight_smem"
+SWEEP = {"fp8_main": ((2, 2, 5), (2, 2, 5, _W), (2, 2, 6, _W), (2, 1, 6, _W), (2, 2, 0, _W)),
+         "fp4_main": ((2, 2, 5, _FP4_MAIN_OPTS), (2, 2, 5, _FP4_MAIN_OPTS + "," + _W),
+                      (2, 2, 6, _FP4_MAIN_OPTS + "," + _W), (2, 1, 6, _FP4_MAIN_OPTS + "," + _W),
+                      (2, 2, 0, _FP4_MAIN_OPTS + "," + _W)),
+         "fp4_index": ((2, 1, 5, "e2m1_bf16x2"), (2, 1, 5, "e2m1_bf16x2," + _W),
+                       (2, 1, 6, "e2m1_bf16x2," + _W), (2, 2, 5, "e2m1_bf16x2," + _W),
+                       (2, 1, 0, "e2m1_bf16x2," + _W)),
+         "bf16": ((2, 2, 5), (2, 2, 5, _W), (2, 2, 6, _W))}
 
 
 @contextlib.contextmanager

@@ -104,7 +104,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                    has_out_norm: bool, rows_per_block: int, weight_dtype: str,
                    weight_in_registers: bool = False, fast: bool = False, chunks: int = 1,
                    e2m1_fma: bool = False, e2m1_bf16x2: bool = False, scale_mul: bool = False,
-                   inv_table: bool = False, e2m1_noclamp: bool = False):
+                   inv_table: bool = False, e2m1_noclamp: bool = False, weight_in_shared: bool = False):
     """The per-row pipeline as a ``@T.macro`` (see the module docstring for the lane layout).
 
     Macro arguments: ``x`` local FP32 [chunks * 16]: this lane's chunks of the BF16 input row, chunk
@@ -116,7 +116,9 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     shuffles); rows with a bad slot or position are not stored (out_norm is still written).
     With ``weight_in_registers`` the ``weight`` argument is instead a local FP32 [chunks * 16] buffer
     already holding ``float(w)`` of this lane's channels (a kernel that stores several rows per thread
-    loads and converts it once).
+    loads and converts it once). With ``weight_in_shared`` it is a shared FP32 [dim] buffer holding
+    ``float(w)`` with element ``q * 16 + v * 4 + j`` at ``(v * dim / 16 + q) * 4 + j`` (the lanes of a row
+    read consecutive 16-byte pieces: no bank conflict), read where the norm uses it.
     ``fast`` (kv_store's v2 / v3; compress_store keeps the default, v1's exact code): the sum of squares
     lets nvcc contract ``ss + x*x`` into one FFMA (bitwise the same: x is BF16-valued, so x*x has at
     most 16 significant bits and is exact in FP32), and a BF16 row stores the BF16 words that the last
@@ -275,7 +277,13 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         for k in T.unroll(log_lanes):
             ss = ss + T.shfl_xor(ss, lanes >> (k + 1))  # a + b == b + a: every lane gets the same sum
         rstd = T.ieee_fdiv(_f32(1.0), T.ieee_fsqrt(T.ieee_add(T.ieee_mul(ss, _f32(1.0 / dim)), eps)))
-        if weight_in_registers:
+        if weight_in_shared:
+            for c in T.unroll(C):
+                for v in T.unroll(VEC // 4):
+                    for j in T.unroll(4):
+                        z[c * VEC + v * 4 + j] = T.ieee_mul(T.ieee_mul(x[c * VEC + v * 4 + j], rstd), weight[
+                            (v * (dim // VEC) + lane + c * lanes) * 4 + j])
+        elif weight_in_registers:
             for i in T.unroll(C * VEC):
                 z[i] = T.ieee_mul(T.ieee_mul(x[i], rstd), weight[i])
         else:
@@ -581,16 +589,16 @@ def kv_store_kernel_v3(fmt_name: str, rope_dim: int, interleaved: bool, hadamard
                        rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str,
                        rows_per_thread: int = 1, chunks: int = 2, min_ctas: int = 0,
                        e2m1_bf16x2: bool = False, scale_mul: bool = False, inv_table: bool = False,
-                       e2m1_noclamp: bool = False):
+                       e2m1_noclamp: bool = False, weight_smem: bool = False):
     """Variant v3: v2's arithmetic with ``chunks`` 16-element chunks per lane (``make_row_store``);
     ``min_ctas`` > 1 caps registers so that many CTAs fit an SM (``__launch_bounds__``).
     ``e2m1_bf16x2`` / ``scale_mul`` / ``inv_table`` / ``e2m1_noclamp``: the cast options of
-    ``make_row_store`` (False here; the wrapper passes ``V3_OPTIONS``, on for the FP4 formats; same bytes;
-    formats they do not apply to ignore them)."""
+    ``make_row_store``; ``weight_smem``: FP32 weights in shared memory (``_kv_store_prim``) (False here;
+    the wrapper passes ``V3_OPTIONS``; same bytes; formats they do not apply to ignore them)."""
     return _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
                           weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=True, chunks=chunks,
                           e2m1_fma=True, min_ctas=min_ctas, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul,
-                          inv_table=inv_table, e2m1_noclamp=e2m1_noclamp)
+                          inv_table=inv_table, e2m1_noclamp=e2m1_noclamp, weight_smem=weight_smem)
 
 
 # Device helpers of make_row_store(e2m1_bf16x2=True) (unsigned words holding two BF16 values): one
@@ -637,11 +645,16 @@ INV_E4M3_PRELUDE = inv_e4m3_prelude()
 
 def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block, weight_dtype,
                    pos_dtype, slot_dtype, rows_per_thread, fast, chunks=1, e2m1_fma=False, min_ctas=0,
-                   e2m1_bf16x2=False, scale_mul=False, inv_table=False, e2m1_noclamp=False):
+                   e2m1_bf16x2=False, scale_mul=False, inv_table=False, e2m1_noclamp=False,
+                   weight_smem=False):
     """``rows_per_thread`` (R): each thread stores R rows, ``rows_per_cta`` apart, so a CTA covers
     R * rows_per_cta consecutive rows; all R rows' loads are issued before the first row's math
     (R times the bytes in flight) and the lane's weights are loaded and converted once. ``chunks`` (C):
-    a lane holds chunks ``lane + c * lanes`` (c < C) of its row (see ``make_row_store``)."""
+    a lane holds chunks ``lane + c * lanes`` (c < C) of its row (see ``make_row_store``).
+    ``weight_smem`` (v3 option): the CTA converts the weights to FP32 once into shared memory and the
+    norm reads each row's weights there (4 conflict-free 16-byte loads a chunk) instead of keeping the
+    BF16 weights in registers and widening them for every row (under the register cap nvcc redid the
+    16 shifts / masks a chunk per row)."""
     fmt = _FORMATS[fmt_name]
     dim = fmt.dim
     C = chunks
@@ -651,7 +664,8 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
     half = rope_dim // 2
     wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte loads
     row_store = make_row_store(fmt, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
-                               weight_dtype, weight_in_registers=True, fast=fast, chunks=C,
+                               weight_dtype, weight_in_registers=not weight_smem, fast=fast, chunks=C,
+                               weight_in_shared=weight_smem,
                                e2m1_fma=e2m1_fma, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul,
                                inv_table=inv_table, e2m1_noclamp=e2m1_noclamp)
     # the helpers are declared only where they are called (other kernels' sources stay as they were)
@@ -678,15 +692,16 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
             slotv[k] = T.Cast("int64", slots[T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1)])
 
     @T.macro
-    def store_rows(xb, x, wf, posv, slotv, g, tx, lane, rows, cos, sin, cache, out_norm, max_pos, capacity,
-                   eps):
-        """Widen row group g's loaded rows and run the row pipeline on each."""
+    def store_rows(xb, x, wf, s_w, posv, slotv, g, tx, lane, rows, cos, sin, cache, out_norm, max_pos,
+                   capacity, eps):
+        """Widen row group g's loaded rows and run the row pipeline on each (with the FP32 weights wf in
+        registers, or ``weight_smem``: in s_w)."""
         xw = T.view(xb, [R * C * VEC // 2], "uint32")  # BF16 pairs widen with one shift / one mask
         for k in T.unroll(R):
             for i in T.unroll(C * VEC // 2):
                 x[2 * i] = T.reinterpret(xw[k * C * VEC // 2 + i] << T.uint32(16), "float32")
                 x[2 * i + 1] = T.reinterpret(xw[k * C * VEC // 2 + i] & T.uint32(0xFFFF0000), "float32")
-            row_store(x, lane, wf, cos, sin, cache, out_norm, posv[k], slotv[k],
+            row_store(x, lane, s_w if weight_smem else wf, cos, sin, cache, out_norm, posv[k], slotv[k],
                       (g * R + k) * rows_per_cta + tx // lanes < rows,
                       T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1), max_pos, capacity, eps)
 
@@ -716,20 +731,29 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
             slotv = T.alloc_local([R], "int64")
             # every load first: R rows (tail rows redo the last row: they must shuffle, store nothing)
             load_rows(kv, positions, slots, xb, posv, slotv, bx, tx, lane, rows)
-            for c in T.unroll(C):
-                for v in T.unroll(VEC // wvec):
-                    for i in T.vectorized(wvec):
-                        wl[c * VEC + v * wvec + i] = weight[(lane + c * lanes) * VEC + v * wvec + i]
-            if weight_dtype == "bfloat16":
-                ww = T.view(wl, [C * VEC // 2], "uint32")
-                for i in T.unroll(C * VEC // 2):
-                    wf[2 * i] = T.reinterpret(ww[i] << T.uint32(16), "float32")
-                    wf[2 * i + 1] = T.reinterpret(ww[i] & T.uint32(0xFFFF0000), "float32")
+            if weight_smem:
+                s_w = T.alloc_shared([dim], "float32")
+                for e in T.unroll(dim // THREADS):  # element i = q * 16 + v * 4 + j at (v * nq + q) * 4 + j
+                    s_w[(((e * THREADS + tx) % VEC) // 4 * (dim // VEC) + (e * THREADS + tx) // VEC) * 4
+                        + (e * THREADS + tx) % 4] = T.Cast("float32", weight[e * THREADS + tx])
+                T.sync_threads()
+                store_rows(xb, x, wf, s_w, posv, slotv, bx, tx, lane, rows, cos, sin, cache, out_norm,
+                           max_pos, capacity if C > 1 else (cache_bytes // block_bytes) * rows_per_block, eps)
             else:
-                for i in T.unroll(C * VEC):
-                    wf[i] = T.Cast("float32", wl[i])
-            store_rows(xb, x, wf, posv, slotv, bx, tx, lane, rows, cos, sin, cache, out_norm, max_pos,
-                       capacity if C > 1 else (cache_bytes // block_bytes) * rows_per_block, eps)
+                for c in T.unroll(C):
+                    for v in T.unroll(VEC // wvec):
+                        for i in T.vectorized(wvec):
+                            wl[c * VEC + v * wvec + i] = weight[(lane + c * lanes) * VEC + v * wvec + i]
+                if weight_dtype == "bfloat16":
+                    ww = T.view(wl, [C * VEC // 2], "uint32")
+                    for i in T.unroll(C * VEC // 2):
+                        wf[2 * i] = T.reinterpret(ww[i] << T.uint32(16), "float32")
+                        wf[2 * i + 1] = T.reinterpret(ww[i] & T.uint32(0xFFFF0000), "float32")
+                else:
+                    for i in T.unroll(C * VEC):
+                        wf[i] = T.Cast("float32", wl[i])
+                store_rows(xb, x, wf, wf, posv, slotv, bx, tx, lane, rows, cos, sin, cache, out_norm,
+                           max_pos, capacity if C > 1 else (cache_bytes // block_bytes) * rows_per_block, eps)
 
     return kernel
 
@@ -755,19 +779,25 @@ MIN_CTAS_V3 = {"fp8_main": 5, "fp4_main": 5, "fp4_index": 5, "bf16": 5}
 # (e2m1_noclamp; 2072 static: both encodes), min_ctas 5). On since timed on the H200 (1M rows: fp4 index
 # 198.8 -> 179.5 us; fp4 main 517.3 -> 499.8 us (scale_mul), then 495.2 -> 497.0 (inv_table: fewer
 # instructions, the same time) -> 476.7 us (e2m1_noclamp), 0.68 of the copy roofline);
+# weight_smem (every format, _kv_store_prim): the per-row weight widening under the register cap is gone;
+# SASS per thread fp8 1288 -> 1240 (stack 48 -> 8 B), fp4 main ~1564 -> ~1508 executed (stack 16 -> 0), fp4
+# index 1096 -> 1072, bf16 920 -> 872 (stack 16 -> 0). H200, 1M rows, us without -> with: fp8 493.5 -> 462.9
+# (0.83 of the copy roofline), fp4 main 476.3 -> 457.1 (0.71), fp4 index 174.9 -> 173.0 and, with the
+# weights out of the registers, R = 2 for index rows: 159.2 (0.51), bf16 579.9 -> 569.6.
 # KV_STORE_V3_OPTIONS="e2m1_bf16x2,scale_mul" or "none" overrides this table for every format (the
 # benchmark's peer and sweep, the GPU tests). An option that does not apply to a format is dropped.
-V3_OPTION_NAMES = ("e2m1_bf16x2", "scale_mul", "inv_table", "e2m1_noclamp")
-V3_OPTIONS = {"fp8_main": (), "fp4_main": ("scale_mul", "inv_table", "e2m1_noclamp"),
-              "fp4_index": ("e2m1_bf16x2",), "bf16": ()}
+V3_OPTION_NAMES = ("e2m1_bf16x2", "scale_mul", "inv_table", "e2m1_noclamp", "weight_smem")
+V3_OPTIONS = {"fp8_main": ("weight_smem",),
+              "fp4_main": ("scale_mul", "inv_table", "e2m1_noclamp", "weight_smem"),
+              "fp4_index": ("e2m1_bf16x2", "weight_smem"), "bf16": ("weight_smem",)}
 _OPTION_APPLIES = {"e2m1_bf16x2": ("e2m1", "ue8m0"), "scale_mul": ("e2m1", "e4m3"),
-                   "inv_table": ("e2m1", "e4m3"), "e2m1_noclamp": ("e2m1", "e4m3")}
+                   "inv_table": ("e2m1", "e4m3"), "e2m1_noclamp": ("e2m1", "e4m3"), "weight_smem": None}
 
 
 def option_applies(name: str, fmt: KVCacheFormat) -> bool:
     """Whether v3 cast option ``name`` changes ``fmt``'s kernel (its (data, scale) dtypes are the
     option's); the others ignore it."""
-    return _OPTION_APPLIES[name] == (fmt.data_dtype, fmt.scale_dtype)
+    return _OPTION_APPLIES[name] in (None, (fmt.data_dtype, fmt.scale_dtype))  # None: every format
 
 
 def v3_options(fmt: KVCacheFormat, names: tuple | None = None) -> tuple:
@@ -819,7 +849,7 @@ def static_args(variant: str, fmt: KVCacheFormat, static: tuple, rope_dim: int =
 ROWS_PER_THREAD = {"fp8_main": 2, "fp4_main": 1, "fp4_index": 1, "bf16": 2}
 # v3 at 1M rows on the H200 (us, chunks 2, R = 1 / 2, old harness): fp8 644 / 609, fp4 623 / 628, fp4 index
 # 260 / 288, bf16 717 / 657 (4 chunks, R = 1: 754, 641, 340, 688); with MIN_CTAS_V3 fp4 prefers R = 2.
-ROWS_PER_THREAD_V3 = {"fp8_main": 2, "fp4_main": 2, "fp4_index": 1, "bf16": 2}
+ROWS_PER_THREAD_V3 = {"fp8_main": 2, "fp4_main": 2, "fp4_index": 2, "bf16": 2}  # index: 2 since weight_smem
 MULTI_ROW_MIN_ROWS = 32768
 
 
