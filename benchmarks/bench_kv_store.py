@@ -92,16 +92,16 @@ def run(h: Harness) -> None:
 # (6) / 72 (7, 32 B stack); fp4 R=1 90 -> 80 (6) / 72 (7, 32 B); fp4 index R=1 102 -> 96 (5, 8 B); bf16 R=2
 # 120 -> 96. With the cast options (96 registers at 5 CTAs): fp4 main R=2 16 B stack (as without),
 # fp4 index R=1 none (4 B without); SASS per thread 1736 -> 1680 and 1272 -> 1096.
-_FP4_MAIN_OPTS = "scale_mul,inv_table,e2m1_noclamp"
+_FP4_MAIN_OPTS = "scale_mul,inv_table,e2m1_noclamp,weight_smem"
+_IDX_OPTS = "e2m1_bf16x2,weight_smem"
 _W = "weight_smem"
-SWEEP = {"fp8_main": ((2, 2, 5), (2, 2, 5, _W), (2, 2, 6, _W), (2, 1, 6, _W), (2, 2, 0, _W)),
-         "fp4_main": ((2, 2, 5, _FP4_MAIN_OPTS), (2, 2, 5, _FP4_MAIN_OPTS + "," + _W),
-                      (2, 2, 6, _FP4_MAIN_OPTS + "," + _W), (2, 1, 6, _FP4_MAIN_OPTS + "," + _W),
-                      (2, 2, 0, _FP4_MAIN_OPTS + "," + _W)),
-         "fp4_index": ((2, 1, 5, "e2m1_bf16x2"), (2, 1, 5, "e2m1_bf16x2," + _W),
-                       (2, 1, 6, "e2m1_bf16x2," + _W), (2, 2, 5, "e2m1_bf16x2," + _W),
-                       (2, 1, 0, "e2m1_bf16x2," + _W)),
-         "bf16": ((2, 2, 5), (2, 2, 5, _W), (2, 2, 6, _W))}
+_RS = ",rope_spread"
+SWEEP = {"fp8_main": ((2, 2, 5, _W), (2, 2, 5, _W + _RS), (2, 4, 5, _W + _RS)),
+         "fp4_main": ((2, 2, 5, _FP4_MAIN_OPTS), (2, 2, 5, _FP4_MAIN_OPTS + _RS),
+                      (2, 4, 5, _FP4_MAIN_OPTS + _RS), (2, 2, 6, _FP4_MAIN_OPTS + _RS)),
+         "fp4_index": ((2, 2, 5, _IDX_OPTS), (2, 2, 4, _IDX_OPTS), (2, 2, 6, _IDX_OPTS), (2, 4, 5, _IDX_OPTS),
+                       (2, 4, 4, _IDX_OPTS)),
+         "bf16": ((2, 2, 5, _W), (2, 2, 5, _W + _RS))}
 
 
 @contextlib.contextmanager

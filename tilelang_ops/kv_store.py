@@ -104,7 +104,8 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                    has_out_norm: bool, rows_per_block: int, weight_dtype: str,
                    weight_in_registers: bool = False, fast: bool = False, chunks: int = 1,
                    e2m1_fma: bool = False, e2m1_bf16x2: bool = False, scale_mul: bool = False,
-                   inv_table: bool = False, e2m1_noclamp: bool = False, weight_in_shared: bool = False):
+                   inv_table: bool = False, e2m1_noclamp: bool = False, weight_in_shared: bool = False,
+                   rope_spread: bool = False):
     """The per-row pipeline as a ``@T.macro`` (see the module docstring for the lane layout).
 
     Macro arguments: ``x`` local FP32 [chunks * 16]: this lane's chunks of the BF16 input row, chunk
@@ -143,6 +144,12 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     ``e2m1_noclamp`` (v3 option with ``inv_table``): the e2m1 encode skips the clamp of |2z| to 12 when
     every lane of the warp has a normal, unclamped scale (see the cast stage), one instruction less
     per element.
+    ``rope_spread`` (v3 option; rows whose rotated chunks sit in fewer lanes than the row has, i.e. the
+    512-wide main rows): the lanes holding rotated chunks put them in shared memory, every lane of the
+    row rotates ``rope_dim / 2 / lanes`` pairs (the same IEEE products and sum, then the BF16 rounding)
+    and the holders read the results back (__syncwarp between): the warp pays a few pairs of RoPE per
+    row instead of a whole 16-element chunk while three quarters of its lanes wait. The kernel must not
+    insert block barriers of its own (TL_DISABLE_THREAD_STORAGE_SYNC).
     """
     C = chunks
     dim = fmt.dim
@@ -171,6 +178,9 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte loads
     # chunks c that hold rotated channels in some lane (the others never branch into RoPE)
     rope_c0 = min(c for c in range(C) if (c + 1) * lanes * VEC > rope0)
+    npl = half // lanes  # rope_spread: pairs per lane
+    rope_spread = rope_spread and option_applies("rope_spread", fmt)
+    assert not rope_spread or (fast and npl >= 1 and half % lanes == 0), (rope_dim, lanes)
     assert C in (1, 2, 4) and (C == 1 or (fast and lanes >= 2 and (interleaved or half // VEC < lanes))), \
         (C, lanes, fast)
 
@@ -245,7 +255,12 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         # ---- cos / sin of the rotated chunks, loaded first so their latency overlaps the norm. The
         # position is clamped for the loads only (a bad position's row is not stored).
         pos = T.min(T.max(T.Cast("int32", position), 0), max_pos - 1)
-        for c in T.unroll(C):
+        if rope_spread:  # this lane's pairs lane * npl .. + npl - 1 (either convention: pair p, frequency p)
+            for j in T.vectorized(npl):
+                cs[j] = cos[pos, lane * npl + j]
+            for j in T.vectorized(npl):
+                sn[j] = sin[pos, lane * npl + j]
+        for c in T.unroll(0 if rope_spread else C):
             if lane + c * lanes >= rope0 // VEC:
                 if interleaved:  # this chunk's 8 pairs start at pair (q * 16 - rope0) / 2
                     for j in T.vectorized(VEC // 2):
@@ -302,7 +317,36 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                             out_norm[out_row, (lane + c * lanes) * VEC + v * 8 + i] = yb[c * VEC + v * 8 + i]
 
         # ---- RoPE on channels [rope0, dim)
-        for ci in T.unroll(C - rope_c0):
+        if rope_spread:
+            rbuf = T.alloc_shared([THREADS // lanes, rope_dim], "float32")  # the rotated channels by row
+            rr = T.get_thread_binding() // lanes
+            for ci in T.unroll(C - rope_c0):
+                if lane + (rope_c0 + ci) * lanes >= rope0 // VEC:
+                    for j in T.vectorized(VEC):
+                        rbuf[rr, (lane + (rope_c0 + ci) * lanes) * VEC - rope0 + j] = y[
+                            (rope_c0 + ci) * VEC + j]
+            T.sync_warp()
+            # pair p = lane * npl + j: channels (2p, 2p + 1) interleaved, (p, p + half) half-split; a * cos -
+            # b * sin and a * sin + b * cos as IEEE products and sum (the two layouts' formulas), then BF16
+            for j in T.unroll(npl):
+                ia = 2 * (lane * npl + j) if interleaved else lane * npl + j  # a's channel - rope0
+                ib = 2 * (lane * npl + j) + 1 if interleaved else lane * npl + j + half  # b's
+                z[2 * j] = T.ieee_sub(T.ieee_mul(rbuf[rr, ia], cs[j]), T.ieee_mul(rbuf[rr, ib], sn[j]))
+                z[2 * j + 1] = T.ieee_add(T.ieee_mul(rbuf[rr, ia], sn[j]), T.ieee_mul(rbuf[rr, ib], cs[j]))
+            for j in T.unroll(npl):
+                ia = 2 * (lane * npl + j) if interleaved else lane * npl + j
+                ib = 2 * (lane * npl + j) + 1 if interleaved else lane * npl + j + half
+                rbuf[rr, ia] = T.Cast("float32", T.Cast("bfloat16", z[2 * j]))
+                rbuf[rr, ib] = T.Cast("float32", T.Cast("bfloat16", z[2 * j + 1]))
+            T.sync_warp()
+            for ci in T.unroll(C - rope_c0):
+                if lane + (rope_c0 + ci) * lanes >= rope0 // VEC:
+                    for j in T.vectorized(VEC):
+                        y[(rope_c0 + ci) * VEC + j] = rbuf[
+                            rr, (lane + (rope_c0 + ci) * lanes) * VEC - rope0 + j]
+                    for j in T.vectorized(VEC):
+                        yb[(rope_c0 + ci) * VEC + j] = T.Cast("bfloat16", y[(rope_c0 + ci) * VEC + j])
+        for ci in T.unroll(0 if rope_spread else C - rope_c0):
             c = rope_c0 + ci
             if not interleaved:
                 for k in T.unroll(VEC):  # every lane shuffles (no divergence before a shuffle)
@@ -583,22 +627,30 @@ def kv_store_kernel_v2(fmt_name: str, rope_dim: int, interleaved: bool, hadamard
 
 # v3's store guard is `slot < capacity` (a host-computed argument), which TileLang cannot relate to the
 # cache's extent: its safe-memory pass would then split every vector store into guarded byte stores.
-# Every access is guarded or clamped by hand (see make_row_store), so the pass is off for v3.
-@tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
+# Every access is guarded or clamped by hand (see make_row_store), so the pass is off for v3. Its shared
+# memory (weight_smem, rope_spread) is synchronized by hand too (one __syncthreads after the weights,
+# __syncwarp around a row's RoPE exchange), so TileLang's automatic barriers are off as well, and so is its
+# shared-memory reuse: the weights' last read in one warp is no barrier for the others (with R = 1 the
+# planner put the RoPE buffer over the weights while other warps still read them; CPU emulator).
+@tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True,
+                             tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True,
+                             tilelang.PassConfigKey.TL_DISABLE_SHARED_MEMORY_REUSE: True})
 def kv_store_kernel_v3(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: bool, has_out_norm: bool,
                        rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str,
                        rows_per_thread: int = 1, chunks: int = 2, min_ctas: int = 0,
                        e2m1_bf16x2: bool = False, scale_mul: bool = False, inv_table: bool = False,
-                       e2m1_noclamp: bool = False, weight_smem: bool = False):
+                       e2m1_noclamp: bool = False, weight_smem: bool = False, rope_spread: bool = False):
     """Variant v3: v2's arithmetic with ``chunks`` 16-element chunks per lane (``make_row_store``);
     ``min_ctas`` > 1 caps registers so that many CTAs fit an SM (``__launch_bounds__``).
     ``e2m1_bf16x2`` / ``scale_mul`` / ``inv_table`` / ``e2m1_noclamp``: the cast options of
-    ``make_row_store``; ``weight_smem``: FP32 weights in shared memory (``_kv_store_prim``) (False here;
+    ``make_row_store``; ``weight_smem``: FP32 weights in shared memory (``_kv_store_prim``);
+    ``rope_spread``: RoPE spread over the row's lanes (``make_row_store``) (False here;
     the wrapper passes ``V3_OPTIONS``; same bytes; formats they do not apply to ignore them)."""
     return _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
                           weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=True, chunks=chunks,
                           e2m1_fma=True, min_ctas=min_ctas, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul,
-                          inv_table=inv_table, e2m1_noclamp=e2m1_noclamp, weight_smem=weight_smem)
+                          inv_table=inv_table, e2m1_noclamp=e2m1_noclamp, weight_smem=weight_smem,
+                          rope_spread=rope_spread)
 
 
 # Device helpers of make_row_store(e2m1_bf16x2=True) (unsigned words holding two BF16 values): one
@@ -646,7 +698,7 @@ INV_E4M3_PRELUDE = inv_e4m3_prelude()
 def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block, weight_dtype,
                    pos_dtype, slot_dtype, rows_per_thread, fast, chunks=1, e2m1_fma=False, min_ctas=0,
                    e2m1_bf16x2=False, scale_mul=False, inv_table=False, e2m1_noclamp=False,
-                   weight_smem=False):
+                   weight_smem=False, rope_spread=False):
     """``rows_per_thread`` (R): each thread stores R rows, ``rows_per_cta`` apart, so a CTA covers
     R * rows_per_cta consecutive rows; all R rows' loads are issued before the first row's math
     (R times the bytes in flight) and the lane's weights are loaded and converted once. ``chunks`` (C):
@@ -665,7 +717,7 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
     wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte loads
     row_store = make_row_store(fmt, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
                                weight_dtype, weight_in_registers=not weight_smem, fast=fast, chunks=C,
-                               weight_in_shared=weight_smem,
+                               weight_in_shared=weight_smem, rope_spread=rope_spread,
                                e2m1_fma=e2m1_fma, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul,
                                inv_table=inv_table, e2m1_noclamp=e2m1_noclamp)
     # the helpers are declared only where they are called (other kernels' sources stay as they were)
@@ -786,18 +838,22 @@ MIN_CTAS_V3 = {"fp8_main": 5, "fp4_main": 5, "fp4_index": 5, "bf16": 5}
 # weights out of the registers, R = 2 for index rows: 159.2 (0.51), bf16 579.9 -> 569.6.
 # KV_STORE_V3_OPTIONS="e2m1_bf16x2,scale_mul" or "none" overrides this table for every format (the
 # benchmark's peer and sweep, the GPU tests). An option that does not apply to a format is dropped.
-V3_OPTION_NAMES = ("e2m1_bf16x2", "scale_mul", "inv_table", "e2m1_noclamp", "weight_smem")
-V3_OPTIONS = {"fp8_main": ("weight_smem",),
-              "fp4_main": ("scale_mul", "inv_table", "e2m1_noclamp", "weight_smem"),
-              "fp4_index": ("e2m1_bf16x2", "weight_smem"), "bf16": ("weight_smem",)}
+V3_OPTION_NAMES = ("e2m1_bf16x2", "scale_mul", "inv_table", "e2m1_noclamp", "weight_smem", "rope_spread")
+V3_OPTIONS = {"fp8_main": ("weight_smem", "rope_spread"),
+              "fp4_main": ("scale_mul", "inv_table", "e2m1_noclamp", "weight_smem", "rope_spread"),
+              "fp4_index": ("e2m1_bf16x2", "weight_smem"), "bf16": ("weight_smem", "rope_spread")}
 _OPTION_APPLIES = {"e2m1_bf16x2": ("e2m1", "ue8m0"), "scale_mul": ("e2m1", "e4m3"),
-                   "inv_table": ("e2m1", "e4m3"), "e2m1_noclamp": ("e2m1", "e4m3"), "weight_smem": None}
+                   "inv_table": ("e2m1", "e4m3"), "e2m1_noclamp": ("e2m1", "e4m3"), "weight_smem": None,
+                   "rope_spread": "main"}
 
 
 def option_applies(name: str, fmt: KVCacheFormat) -> bool:
     """Whether v3 cast option ``name`` changes ``fmt``'s kernel (its (data, scale) dtypes are the
     option's); the others ignore it."""
-    return _OPTION_APPLIES[name] in (None, (fmt.data_dtype, fmt.scale_dtype))  # None: every format
+    applies = _OPTION_APPLIES[name]  # (data, scale) dtypes; None: every format; "main": the 512-wide rows
+    if applies == "main":
+        return fmt.dim == 512
+    return applies in (None, (fmt.data_dtype, fmt.scale_dtype))
 
 
 def v3_options(fmt: KVCacheFormat, names: tuple | None = None) -> tuple:

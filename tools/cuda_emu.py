@@ -88,6 +88,7 @@ template <class T> inline T __shfl_xor_sync(uint, T v, int m, int) {
   static_assert(sizeof(T) <= 8, ""); Warp* w = t_warp; int lane = threadIdx.x & 31;
   uint64_t b = 0; memcpy(&b, &v, sizeof(T)); w->slot[lane] = b; w->bar->arrive_and_wait();
   uint64_t o = w->slot[lane ^ m]; w->bar->arrive_and_wait(); T r; memcpy(&r, &o, sizeof(T)); return r; }
+inline void __syncwarp(uint = 0xFFFFFFFFu) { t_warp->bar->arrive_and_wait(); }
 inline int __all_sync(uint, int p) {
   Warp* w = t_warp; int lane = threadIdx.x & 31; w->slot[lane] = p != 0; w->bar->arrive_and_wait();
   int r = 1; for (int i = 0; i < 32; ++i) r &= (int)(w->slot[i] != 0); w->bar->arrive_and_wait(); return r; }
