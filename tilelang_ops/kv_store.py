@@ -819,7 +819,11 @@ CHUNKS = {"fp8_main": 2, "fp4_main": 2, "fp4_index": 2, "bf16": 2}
 # overrides, for the benchmark's sweep). 5 caps registers at 96 (20 warps per SM instead of 16); at 1M
 # rows on the H200 (us, none -> 5): fp8 R=2 547 -> 539, fp4 R=1 559 -> R=2 516, fp4 index R=1 212 -> 200,
 # bf16 R=2 602 -> 581. 6 or 7 (80 / 72 registers) spill more and were slower except fp4 R=1.
-MIN_CTAS_V3 = {"fp8_main": 5, "fp4_main": 5, "fp4_index": 5, "bf16": 5}
+# With weight_smem and rope_spread (fewer live registers) FP4 main rows run best at 6 (80 registers): 1M rows
+# 457.2 us at 5 -> 437.0-438.0 at 6 (0.74 of the copy roofline; 451.6 at 7; without rope_spread 6 gave 466.3).
+# FP8 main with rope_spread at 6 measured 437.9 us (0.88) against 458.7 at its default; adopting it waits for
+# a GPU test run at that configuration (its bytes were tested with rope_spread at 5: 466.3 us there).
+MIN_CTAS_V3 = {"fp8_main": 5, "fp4_main": 6, "fp4_index": 5, "bf16": 5}
 # Tried on the H200 and dropped: CTA bx prefetching into L2 (prefetch.global.L2) the rows of CTA bx + one /
 # two waves (SMs x MIN_CTAS_V3 CTAs); at 1M rows, us without -> one wave / two waves: fp8 538 -> 541 / 690,
 # fp4 500 -> 505 / 577, fp4 index 180 -> 184 / 187, bf16 581 -> 632 / 779.
@@ -836,12 +840,15 @@ MIN_CTAS_V3 = {"fp8_main": 5, "fp4_main": 5, "fp4_index": 5, "bf16": 5}
 # index 1096 -> 1072, bf16 920 -> 872 (stack 16 -> 0). H200, 1M rows, us without -> with: fp8 493.5 -> 462.9
 # (0.83 of the copy roofline), fp4 main 476.3 -> 457.1 (0.71), fp4 index 174.9 -> 173.0 and, with the
 # weights out of the registers, R = 2 for index rows: 159.2 (0.51), bf16 579.9 -> 569.6.
+# rope_spread (512-wide rows; on for FP4 main only): SASS fp4 main 2016 -> 1984 static; at 5 CTAs per SM
+# 1M rows us without -> with: fp8 462.8 -> 466.3, fp4 main 457.2 -> 457.2, bf16 569.3 -> 576.5; it pays
+# through the registers it frees: fp4 main at 6 CTAs per SM 466.3 -> 437.0 (see MIN_CTAS_V3).
 # KV_STORE_V3_OPTIONS="e2m1_bf16x2,scale_mul" or "none" overrides this table for every format (the
 # benchmark's peer and sweep, the GPU tests). An option that does not apply to a format is dropped.
 V3_OPTION_NAMES = ("e2m1_bf16x2", "scale_mul", "inv_table", "e2m1_noclamp", "weight_smem", "rope_spread")
-V3_OPTIONS = {"fp8_main": ("weight_smem", "rope_spread"),
+V3_OPTIONS = {"fp8_main": ("weight_smem",),
               "fp4_main": ("scale_mul", "inv_table", "e2m1_noclamp", "weight_smem", "rope_spread"),
-              "fp4_index": ("e2m1_bf16x2", "weight_smem"), "bf16": ("weight_smem", "rope_spread")}
+              "fp4_index": ("e2m1_bf16x2", "weight_smem"), "bf16": ("weight_smem",)}
 _OPTION_APPLIES = {"e2m1_bf16x2": ("e2m1", "ue8m0"), "scale_mul": ("e2m1", "e4m3"),
                    "inv_table": ("e2m1", "e4m3"), "e2m1_noclamp": ("e2m1", "e4m3"), "weight_smem": None,
                    "rope_spread": "main"}
