@@ -44,7 +44,11 @@ v3's cast options (``V3_OPTIONS``, on by default since their H200 run; ``make_ro
 BF16 row, 1272 -> 1096 SASS per thread at R = 1, no stack; ``scale_mul`` for FP4 main rows: amax * RN(1/6)
 instead of amax / 6, 1736 -> 1680 at R = 2; both 96 registers at ``MIN_CTAS_V3``) keep the bytes (CPU
 emulation and the GPU tests bitwise) and save time at 1M rows: fp4 index 198.8 -> 179.5 us, fp4 main
-517.3 -> 499.8 us.
+517.3 -> 499.8 us. Later options (same bytes; ``V3_OPTIONS``): ``inv_table`` and ``e2m1_noclamp`` (FP4 main's
+scale reciprocal from a table, the e2m1 clamp skipped where it cannot bind), ``weight_smem`` (FP32 weights
+staged in shared memory once per CTA, every format) and ``rope_spread`` (a main row's RoPE spread over all of
+its lanes through shared memory); with them 1M rows take fp8 463 us (0.83 of the copy roofline), fp4 main
+437 (0.74), fp4 index 159 (0.50, two rows per thread), bf16 569 (0.89).
 "v2" is v1 with fewer SASS instructions (``make_row_store(fast=True)``): the sum of squares as FFMAs
 (x is BF16-valued, so x*x is exact in FP32 and ``ss + x*x`` rounds once either way; only products
 below 2^-126, |x| < 2^-63, are inexact as FMULs, which can matter only when eps ~ 0 and a whole
