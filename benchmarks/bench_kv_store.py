@@ -9,10 +9,10 @@ FP4 index row's 4 scale bytes cover only part of a 32-byte sector, and with rand
 of that sector is written much later, after the sector has left L2 (a partial-sector write back).
 
 The default variant (v3) is reported with the previous one (v2) as peer ``v2`` and v3 with its options
-off as peer ``v3plain`` (``OPTION_PEERS``; the default turns weight_smem on, and e2m1_bf16x2 / scale_mul,
-inv_table, e2m1_noclamp for the FP4 formats). KV_STORE_SWEEP=1 also times v3's launch shapes in ``SWEEP``
-(chunks, rows per thread, min CTAs per SM, options) at 1M rows (KV_STORE_SWEEP=fp4_main,...: those formats
-only; lines ``SWEEP kv_store ...``; tuning data for
+off as peer ``v3plain`` (``OPTION_PEERS``; the default turns weight_smem on, e2m1_bf16x2 for FP4 index
+rows and scale_mul, inv_table, e2m1_noclamp, rope_spread for FP4 main rows). KV_STORE_SWEEP=1 also
+times v3's launch shapes in ``SWEEP`` (chunks, rows per thread, min CTAs per SM, options) at 1M rows
+(KV_STORE_SWEEP=fp4_main,...: those formats only; lines ``SWEEP kv_store ...``; tuning data for
 ``tilelang_ops.kv_store.CHUNKS`` / ``ROWS_PER_THREAD_V3`` / ``V3_OPTIONS``, not reported)."""
 
 from __future__ import annotations
@@ -87,11 +87,9 @@ def run(h: Harness) -> None:
         sweep(None if os.environ["KV_STORE_SWEEP"] == "1" else os.environ["KV_STORE_SWEEP"].split(","))
 
 
-# (chunks per lane, rows per thread, min CTAs per SM[, v3 cast options]) per format. The min-CTAs entries
-# cap registers (sm_90a, 128 threads, no spill unless noted): fp8 R=2 119 -> 96 (48 B stack); R=1 90 -> 79
-# (6) / 72 (7, 32 B stack); fp4 R=1 90 -> 80 (6) / 72 (7, 32 B); fp4 index R=1 102 -> 96 (5, 8 B); bf16 R=2
-# 120 -> 96. With the cast options (96 registers at 5 CTAs): fp4 main R=2 16 B stack (as without),
-# fp4 index R=1 none (4 B without); SASS per thread 1736 -> 1680 and 1272 -> 1096.
+# (chunks per lane, rows per thread, min CTAs per SM[, v3 options]) per format: the session-17 sweep around
+# the defaults (earlier sweeps and their register / stack notes: bench_results/h200.txt and the comments at
+# MIN_CTAS_V3 / V3_OPTIONS in tilelang_ops/kv_store.py).
 _FP4_MAIN_OPTS = "scale_mul,inv_table,e2m1_noclamp,weight_smem"
 _IDX_OPTS = "e2m1_bf16x2,weight_smem"
 _W = "weight_smem"

@@ -906,6 +906,12 @@ def test_build_sm90_v3_options(monkeypatch):
     assert v3_options(FORMATS["fp8_main"], names) == () and v3_options(FORMATS["bf16"], names) == ()
     with pytest.raises(ValueError, match="options"):
         v3_options(FORMATS["fp4_main"], ("e2m1_bf16", ))
+    with pytest.raises(ValueError, match="needs inv_table"):
+        v3_options(FORMATS["fp4_main"], ("scale_mul", "e2m1_noclamp"))
+    # rope_spread needs the pairs to split evenly over a row's 16 lanes: rope_dim 48 keeps the chunk-wise RoPE
+    st48 = ("fp4_main", 48, True, False, False, 1, "bfloat16", "int64", "int64", 2, 2, 6)
+    src = compile_for_sm90(kv_store_kernel_v3, *st48, *v3_options(FORMATS["fp4_main"])).get_kernel_source()
+    assert "__syncwarp()" not in src and "__all_sync(" in src
     monkeypatch.delenv("KV_STORE_V3_OPTIONS", raising=False)  # the defaults: on where they apply
     assert v3_options(FORMATS["fp4_index"]) == (True, False, False, False, True, False)
     assert v3_options(FORMATS["fp4_main"]) == (False, True, True, True, True, True)

@@ -183,8 +183,9 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     # chunks c that hold rotated channels in some lane (the others never branch into RoPE)
     rope_c0 = min(c for c in range(C) if (c + 1) * lanes * VEC > rope0)
     npl = half // lanes  # rope_spread: pairs per lane
-    rope_spread = rope_spread and option_applies("rope_spread", fmt)
-    assert not rope_spread or (fast and npl >= 1 and half % lanes == 0), (rope_dim, lanes)
+    # (a rope_dim whose pairs do not split evenly over the row's lanes, e.g. 48, keeps the chunk-wise RoPE)
+    rope_spread = rope_spread and option_applies("rope_spread", fmt) and half >= lanes and half % lanes == 0
+    assert not rope_spread or fast, "rope_spread is a v3 option"
     assert C in (1, 2, 4) and (C == 1 or (fast and lanes >= 2 and (interleaved or half // VEC < lanes))), \
         (C, lanes, fast)
 
@@ -788,6 +789,7 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
             # every load first: R rows (tail rows redo the last row: they must shuffle, store nothing)
             load_rows(kv, positions, slots, xb, posv, slotv, bx, tx, lane, rows)
             if weight_smem:
+                assert dim % THREADS == 0, (dim, THREADS)  # every thread fills dim / THREADS weights
                 s_w = T.alloc_shared([dim], "float32")
                 for e in T.unroll(dim // THREADS):  # element i = q * 16 + v * 4 + j at (v * nq + q) * 4 + j
                     s_w[(((e * THREADS + tx) % VEC) // 4 * (dim // VEC) + (e * THREADS + tx) // VEC) * 4
@@ -843,7 +845,7 @@ MIN_CTAS_V3 = {"fp8_main": 5, "fp4_main": 6, "fp4_index": 5, "bf16": 5}
 # SASS per thread fp8 1288 -> 1240 (stack 48 -> 8 B), fp4 main ~1564 -> ~1508 executed (stack 16 -> 0), fp4
 # index 1096 -> 1072, bf16 920 -> 872 (stack 16 -> 0). H200, 1M rows, us without -> with: fp8 493.5 -> 462.9
 # (0.83 of the copy roofline), fp4 main 476.3 -> 457.1 (0.71), fp4 index 174.9 -> 173.0 and, with the
-# weights out of the registers, R = 2 for index rows: 159.2 (0.51), bf16 579.9 -> 569.6.
+# weights out of the registers, R = 2 for index rows: 159.2 (0.50), bf16 579.9 -> 569.6.
 # rope_spread (512-wide rows; on for FP4 main only): SASS fp4 main 2016 -> 1984 static; at 5 CTAs per SM
 # 1M rows us without -> with: fp8 462.8 -> 466.3, fp4 main 457.2 -> 457.2, bf16 569.3 -> 576.5; it pays
 # through the registers it frees: fp4 main at 6 CTAs per SM 466.3 -> 437.0 (see MIN_CTAS_V3).
@@ -876,6 +878,8 @@ def v3_options(fmt: KVCacheFormat, names: tuple | None = None) -> tuple:
     unknown = set(names) - set(V3_OPTION_NAMES)
     if unknown:
         raise ValueError(f"kv_store v3 options must be among {V3_OPTION_NAMES}, got {sorted(unknown)}")
+    if "e2m1_noclamp" in names and "inv_table" not in names:
+        raise ValueError(f"kv_store v3 option e2m1_noclamp needs inv_table, got {sorted(names)}")
     flags = tuple(n in names and option_applies(n, fmt) for n in V3_OPTION_NAMES)
     return flags if any(flags) else ()
 

@@ -47,8 +47,9 @@ short rows and a cluster of CTAs for a few long ones, see the last bullets), exa
   list, and the others copy theirs into the lead's list through distributed shared memory (room
   reserved with one remote add), one cluster barrier, then the lead goes on alone. 1 x 65536: 20.7 ->
   17.0 us on the H200, 1 x 1M 109 -> 49 us; at 64 rows it measured slower (see _v3_split).
-* v3 on many short rows (at least n / 256 rows of <= 4096 entries per SM, see _v3_threads): one warp per
-  row (`topk_kernel_warp`), four rows per CTA, no block barrier. The same radix select on 8-bit digits
+* v3 on many short rows (at least n / 256 rows of <= 4096 entries per SM, n / 320 for rows of <= 2048, see
+  _v3_threads): one warp per row (`topk_kernel_warp`), four rows per CTA, no block barrier. The same
+  radix select on 8-bit digits
   (a 256-bin histogram per warp; at most 4 passes, each re-reading the row, or for rows of at most
   W_CACHE entries the keys the first pass kept in shared memory, and batching its shuffles, votes and
   adds), then the ordered pass with ballots. 4096 x 1000, k = 512: 93 -> 38 us; 4096 x 2048: 115 -> 69

@@ -4,9 +4,9 @@ CUDA thread) and compare their cache bytes and out_norm bitwise with the vectori
 with only in-range slots, the loop reference). Every format, both RoPE conventions, Hadamard, rows per
 thread R = 1 / 2, out_norm on / off, BF16 / FP32 weights, int32 / int64 indices, odd row counts, slot -1,
 slots beyond the cache and positions beyond the table. Each variant in ``VARIANTS`` is checked, and
-"v3opt": v3 with every cast option of ``V3_OPTION_NAMES`` on (e2m1_bf16x2 for FP4 index rows, scale_mul,
-inv_table and e2m1_noclamp for FP4 main rows; the other formats have none and are skipped), and "v3plain": v3 with none (checked
-where ``V3_OPTIONS`` turns one on by default, i.e. where plain v3 differs from "v3"). The BF16x2 helpers of e2m1_bf16x2 run as
+"v3opt": v3 with every option of ``V3_OPTION_NAMES`` on (checked where that differs from the defaults,
+today FP8 main and BF16: rope_spread; the FP4 formats' defaults are all their options, which "v3" checks),
+and "v3plain": v3 with none (checked where ``V3_OPTIONS`` turns one on by default). The BF16x2 helpers of e2m1_bf16x2 run as
 a C++ emulation (``EMU_PRELUDE``: exact FMA, one RNE to BF16; prmt / vmax on the bytes / halves).
 `--mutate` checks that deliberately broken sources are caught.
 
