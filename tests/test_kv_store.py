@@ -632,6 +632,7 @@ class StoreCase:
     offset: float = 0.0
     rows_per_block: int = 8
     index_dtype: torch.dtype = torch.int64
+    rope_dim: int = 64  # rotated channels (the last rope_dim of the row)
 
 
 STORE_CASES = [
@@ -646,6 +647,13 @@ STORE_CASES = [
     StoreCase("fp4_index_hadamard_tiny", "fp4_index", 8, hadamard=True, scale=1e-30, index_dtype=torch.int32),
     StoreCase("bf16", "bf16", 7),
     StoreCase("bf16_half", "bf16", 4, interleaved=False, weight_fp32=True),
+    # other RoPE widths: pairs that do not split evenly over a main row's lanes (16, 48), more pairs than
+    # lanes (128), a half-split partner chunk further away (128 half), a short index RoPE (32)
+    StoreCase("fp4_main_rope48", "fp4_main", 9, rope_dim=48),
+    StoreCase("fp8_main_rope16", "fp8_main", 5, rope_dim=16),
+    StoreCase("fp4_main_rope128", "fp4_main", 6, rope_dim=128),
+    StoreCase("fp8_main_rope128_half", "fp8_main", 7, interleaved=False, rope_dim=128),
+    StoreCase("fp4_index_had_rope32_half", "fp4_index", 9, interleaved=False, hadamard=True, rope_dim=32),
 ]
 
 
@@ -656,7 +664,7 @@ def make_inputs(case: StoreCase, device="cpu", max_position=64, num_blocks=None,
     kv = (torch.randn(rows, fmt.dim, generator=gen) * case.scale + case.offset).bfloat16()
     w = torch.rand(fmt.dim, generator=gen) * 1.5 + 0.25
     w = w if case.weight_fp32 else w.bfloat16()
-    ang = torch.rand(max_position, 32, generator=gen) * 6.3
+    ang = torch.rand(max_position, case.rope_dim // 2, generator=gen) * 6.3
     cos, sin = torch.cos(ang), torch.sin(ang)
     pos = torch.randint(0, max_position, (rows,), generator=gen).to(case.index_dtype)
     slots = torch.randperm(num_blocks * rpb, generator=gen)[:rows].to(case.index_dtype)
@@ -674,7 +682,7 @@ def test_loop_reference_equals_twin(case):
     cache2 = cache.clone()
     on1 = torch.full((case.rows, fmt.dim), 7.0).bfloat16()
     on2 = on1.clone()
-    kw = dict(rope_dim=64, interleaved=case.interleaved, hadamard=case.hadamard)
+    kw = dict(rope_dim=case.rope_dim, interleaved=case.interleaved, hadamard=case.hadamard)
     norm_rope_hadamard_cast_store_ref(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, out_norm=on1, **kw)
     norm_rope_hadamard_cast_store_torch(kv, w, 1e-6, cos, sin, pos, slots, cache2, fmt, out_norm=on2, **kw)
     # both compute with the same FP32 operations in the same order: payload bytes and rows bitwise
@@ -694,7 +702,7 @@ def test_loop_reference_equals_twin(case):
     deq = dequantize_rows(cache, stored, fmt)
     y = rms_norm_torch(kv, w, 1e-6)[slots >= 0]
     p = pos[slots >= 0].long()
-    z = apply_rope_ref(y, cos[p], sin[p], 64, case.interleaved)
+    z = apply_rope_ref(y, cos[p], sin[p], case.rope_dim, case.interleaved)
     z = hadamard_ref(z) if case.hadamard else z
     err = (deq - z.float()).abs().amax(-1) / z.float().abs().amax(-1).clamp_min(1e-30)
     tol = {"e4m3": 0.07, "e2m1": 0.34, "bf16": 0.0}[fmt.data_dtype]
@@ -1012,6 +1020,12 @@ for _f, _h in (("fp8_main", False), ("fp4_main", False), ("fp4_index", True), ("
     GPU_CASES.append(GpuCase(f"{_f}_half_w32_i32", _f, 777, interleaved=False, hadamard=_h, weight_fp32=True,
                              index_dtype=torch.int32, out_norm=False))
 GPU_CASES += [
+    GpuCase("fp4_main_rope48", "fp4_main", 1000, rope_dim=48),
+    GpuCase("fp4_main_rope128", "fp4_main", 777, rope_dim=128),
+    GpuCase("fp8_main_rope16", "fp8_main", 333, rope_dim=16),
+    GpuCase("fp8_main_rope128_half", "fp8_main", 333, interleaved=False, rope_dim=128),
+    GpuCase("bf16_rope32_half", "bf16", 100, interleaved=False, rope_dim=32),
+    GpuCase("fp4_index_had_rope32_half", "fp4_index", 333, interleaved=False, hadamard=True, rope_dim=32),
     GpuCase("fp4_index_plain_rows4097", "fp4_index", 4097),
     GpuCase("fp4_index_hadamard_rpb5", "fp4_index", 333, hadamard=True, rows_per_block=5),
     GpuCase("fp4_index_half_rpb16", "fp4_index", 100, interleaved=False, rows_per_block=16),
@@ -1035,7 +1049,8 @@ def _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache, out_norm):
     t = lambda x: None if x is None else x.to(dev)  # noqa: E731
     c, on = t(cache), t(out_norm)
     norm_rope_hadamard_cast_store_torch(t(kv), t(w), 1e-6, t(cos), t(sin), t(pos), t(slots), c, fmt,
-                                        interleaved=case.interleaved, hadamard=case.hadamard, out_norm=on)
+                                        rope_dim=case.rope_dim, interleaved=case.interleaved,
+                                        hadamard=case.hadamard, out_norm=on)
     return c, on
 
 
@@ -1051,7 +1066,8 @@ def test_kernel_vs_reference(case):
         out_norm = torch.full((case.rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
     want_cache, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, want_cache,
                                     None if out_norm is None else out_norm.clone())
-    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, interleaved=case.interleaved,
+    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=case.rope_dim,
+                                  interleaved=case.interleaved,
                                   hadamard=case.hadamard, out_norm=out_norm)
     _sync()
     # Bitwise, every case: kernel and reference run the same FP32 operations in the same order (the
@@ -1063,7 +1079,8 @@ def test_kernel_vs_reference(case):
     # determinism: a second launch into a fresh copy gives the same bytes
     cache2 = torch.full_like(cache, SENTINEL)
     norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache2, fmt,
-                                  interleaved=case.interleaved, hadamard=case.hadamard)
+                                  rope_dim=case.rope_dim, interleaved=case.interleaved,
+                                  hadamard=case.hadamard)
     _sync()
     compare_bitwise("determinism", cache2, cache).check()
 
@@ -1091,7 +1108,8 @@ def test_kernel_variants(case, variant):
         out_norm = torch.full((case.rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
     want, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache.clone(),
                               None if out_norm is None else out_norm.clone())
-    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, interleaved=case.interleaved,
+    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=case.rope_dim,
+                                  interleaved=case.interleaved,
                                   hadamard=case.hadamard, out_norm=out_norm, variant=variant)
     _sync()
     # bitwise: both variants run the reference's FP32 operations in its order (see the kernel docstring)
@@ -1117,7 +1135,8 @@ def _check_v3_against_oracle(case):
     fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
     out_norm = torch.full((case.rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
     want, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache.clone(), out_norm.clone())
-    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, interleaved=case.interleaved,
+    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=case.rope_dim,
+                                  interleaved=case.interleaved,
                                   hadamard=case.hadamard, out_norm=out_norm, variant="v3")
     _sync()
     compare_bitwise(f"kv_cache rows={case.rows}", cache, want.to(cache.device)).check()

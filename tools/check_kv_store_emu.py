@@ -109,6 +109,14 @@ CASES = [
     # amax / 6 just above a subnormal e4m3 scale (rounded down by up to a third): |z| up to 9, where the
     # e2m1 clamp matters (e2m1_noclamp must take its clamped encode)
     (StoreCase("fp4_subnormal_scale_9", "fp4_main", 9, scale=5e-6), (2,), False, False),
+    # other RoPE widths (rope_spread: 48 / 16 keep the chunk-wise RoPE, 128 spreads 4 pairs a lane)
+    (StoreCase("fp4_rope48_11", "fp4_main", 11, rope_dim=48), (1, 2), True, False),
+    (StoreCase("fp8_rope16_7", "fp8_main", 7, rope_dim=16), (2,), False, False),
+    (StoreCase("fp4_rope128_9", "fp4_main", 9, rope_dim=128), (1, 2), True, False),
+    (StoreCase("fp8_rope128_half_9", "fp8_main", 9, interleaved=False, rope_dim=128), (1, 2), False, False),
+    (StoreCase("bf16_rope32_half_5", "bf16", 5, interleaved=False, rope_dim=32), (2,), True, False),
+    (StoreCase("idx_had_rope32_half_13", "fp4_index", 13, interleaved=False, hadamard=True, rope_dim=32),
+     (1, 2), True, False),
 ]
 
 
@@ -124,8 +132,9 @@ def inputs(case, bad):
 
 def static_args(variant, case, fmt, w, pos, slots, has_norm, R):
     static = K.static_args(KERNEL.get(variant, variant), fmt, (
-        fmt.name, 64, case.interleaved, case.hadamard, has_norm, case.rows_per_block if fmt.block_sections else 1,
-        K._TORCH_TO_TL[w.dtype], K._TORCH_TO_TL[pos.dtype], K._TORCH_TO_TL[slots.dtype], R), 64, case.interleaved)
+        fmt.name, case.rope_dim, case.interleaved, case.hadamard, has_norm,
+        case.rows_per_block if fmt.block_sections else 1, K._TORCH_TO_TL[w.dtype], K._TORCH_TO_TL[pos.dtype],
+        K._TORCH_TO_TL[slots.dtype], R), case.rope_dim, case.interleaved)
     if variant in OPTIONS:  # v3's arguments end in the option flags when any is on (else none: swap them in)
         static = static[:12] + K.v3_options(fmt, OPTIONS[variant])
     return static
@@ -146,7 +155,7 @@ def run_emu(variant, case, R, has_norm, data, edit=None, order="forward"):
     static = static_args(variant, case, fmt, w, pos, slots, has_norm, R)
     e = emu_for(variant, static, edit)
     out_norm = torch.full((case.rows, fmt.dim), 7.0, dtype=torch.bfloat16) if has_norm else torch.empty(1, fmt.dim, dtype=torch.bfloat16)
-    rows_per_cta = K.rows_per_cta(KERNEL.get(variant, variant), fmt, 64, case.interleaved)
+    rows_per_cta = K.rows_per_cta(KERNEL.get(variant, variant), fmt, case.rope_dim, case.interleaved)
     grid = -(-case.rows // (rows_per_cta * R))
     order_l = list(range(grid))[::-1] if order == "reverse" else list(range(grid))
     e(grid, K.THREADS, order_l, cache=cache.view(-1), cos_1=cos, sin_1=sin, cos=cos, sin=sin, kv=kv, out_norm=out_norm,
@@ -161,7 +170,7 @@ def oracle(case, has_norm, data, loop):
     cache = cache.clone()
     out_norm = torch.full((case.rows, fmt.dim), 7.0, dtype=torch.bfloat16) if has_norm else None
     f = norm_rope_hadamard_cast_store_ref if loop else norm_rope_hadamard_cast_store_torch
-    f(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=64, interleaved=case.interleaved,
+    f(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=case.rope_dim, interleaved=case.interleaved,
       hadamard=case.hadamard, out_norm=out_norm)
     return cache, out_norm
 
