@@ -90,6 +90,12 @@ def _f32(v: float):
     return T.reinterpret(T.uint32(struct.unpack("<I", struct.pack("<f", v))[0]), "float32")
 
 
+def _smem_weight_index(q, v, j, dim: int):
+    """Where v3's weight_smem layout keeps weight element q * 16 + v * 4 + j (chunk q, 16-byte piece v):
+    the pieces v of consecutive chunks are adjacent, so the lanes of a row read without bank conflicts."""
+    return (v * (dim // VEC) + q) * 4 + j
+
+
 def kernel_supports(fmt: KVCacheFormat, rope_dim: int, interleaved: bool) -> str | None:
     """None when the kernel handles this configuration, else why not (the wrapper raises it)."""
     dim = fmt.dim
@@ -122,8 +128,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     With ``weight_in_registers`` the ``weight`` argument is instead a local FP32 [chunks * 16] buffer
     already holding ``float(w)`` of this lane's channels (a kernel that stores several rows per thread
     loads and converts it once). With ``weight_in_shared`` it is a shared FP32 [dim] buffer holding
-    ``float(w)`` with element ``q * 16 + v * 4 + j`` at ``(v * dim / 16 + q) * 4 + j`` (the lanes of a row
-    read consecutive 16-byte pieces: no bank conflict), read where the norm uses it.
+    ``float(w)`` in the layout of ``_smem_weight_index``, read where the norm uses it.
     ``fast`` (kv_store's v2 / v3; compress_store keeps the default, v1's exact code): the sum of squares
     lets nvcc contract ``ss + x*x`` into one FFMA (bitwise the same: x is BF16-valued, so x*x has at
     most 16 significant bits and is exact in FP32), and a BF16 row stores the BF16 words that the last
@@ -201,6 +206,15 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         for j in T.unroll(nc * VEC // 2):
             y[c0 * VEC + 2 * j] = T.reinterpret(pk[c0 * VEC // 2 + j] << T.uint32(16), "float32")
             y[c0 * VEC + 2 * j + 1] = T.reinterpret(pk[c0 * VEC // 2 + j] & T.uint32(0xFFFF0000), "float32")
+
+    def rope_pair_channels(p):
+        """rope_spread: the channels (less rope0) of RoPE pair p, a and b: (2p, 2p + 1) interleaved, (p, p +
+        half) half-split."""
+        return (2 * p, 2 * p + 1) if interleaved else (p, p + half)
+
+    def amax_over_6(amax):
+        """An e4m3 scale's quotient before its rounding: RN(amax * RN(1/6)) with scale_mul, else amax / 6."""
+        return T.ieee_mul(amax, _f32(1.0 / 6.0)) if scale_mul else T.ieee_fdiv(amax, _f32(6.0))
 
     def make_encode_e2m1(clamp):
         @T.macro
@@ -302,7 +316,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                 for v in T.unroll(VEC // 4):
                     for j in T.unroll(4):
                         z[c * VEC + v * 4 + j] = T.ieee_mul(T.ieee_mul(x[c * VEC + v * 4 + j], rstd), weight[
-                            (v * (dim // VEC) + lane + c * lanes) * 4 + j])
+                            _smem_weight_index(lane + c * lanes, v, j, dim)])
         elif weight_in_registers:
             for i in T.unroll(C * VEC):
                 z[i] = T.ieee_mul(T.ieee_mul(x[i], rstd), weight[i])
@@ -334,13 +348,11 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
             # pair p = lane * npl + j: channels (2p, 2p + 1) interleaved, (p, p + half) half-split; a * cos -
             # b * sin and a * sin + b * cos as IEEE products and sum (the two layouts' formulas), then BF16
             for j in T.unroll(npl):
-                ia = 2 * (lane * npl + j) if interleaved else lane * npl + j  # a's channel - rope0
-                ib = 2 * (lane * npl + j) + 1 if interleaved else lane * npl + j + half  # b's
+                ia, ib = rope_pair_channels(lane * npl + j)
                 z[2 * j] = T.ieee_sub(T.ieee_mul(rbuf[rr, ia], cs[j]), T.ieee_mul(rbuf[rr, ib], sn[j]))
                 z[2 * j + 1] = T.ieee_add(T.ieee_mul(rbuf[rr, ia], sn[j]), T.ieee_mul(rbuf[rr, ib], cs[j]))
             for j in T.unroll(npl):
-                ia = 2 * (lane * npl + j) if interleaved else lane * npl + j
-                ib = 2 * (lane * npl + j) + 1 if interleaved else lane * npl + j + half
+                ia, ib = rope_pair_channels(lane * npl + j)
                 rbuf[rr, ia] = T.Cast("float32", T.Cast("bfloat16", z[2 * j]))
                 rbuf[rr, ib] = T.Cast("float32", T.Cast("bfloat16", z[2 * j + 1]))
             T.sync_warp()
@@ -491,13 +503,11 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                     inv = T.reinterpret(T.uint32(0x7F000000 if not e2m1_fma else 0x7F800000) - bits,
                                         "float32")
                 elif inv_table:
-                    sf = T.ieee_mul(amax, _f32(1.0 / 6.0)) if scale_mul else T.ieee_fdiv(amax, _f32(6.0))
+                    sf = amax_over_6(amax)
                     sbyte = T.reinterpret(T.Cast("float8_e4m3fn", T.min(sf, _f32(448.0))), "uint8")
                     inv = T.call_extern("float32", "tl_kvs_inv_e4m3", T.Cast("uint32", sbyte))  # 2 / sf
                 else:
-                    sf = T.Cast("float32", T.Cast("float8_e4m3fn", T.min(
-                        T.ieee_mul(amax, _f32(1.0 / 6.0)) if scale_mul else T.ieee_fdiv(amax, _f32(6.0)),
-                        _f32(448.0))))
+                    sf = T.Cast("float32", T.Cast("float8_e4m3fn", T.min(amax_over_6(amax), _f32(448.0))))
                     sbyte = T.reinterpret(T.Cast("float8_e4m3fn", sf), "uint8")
                     inv = T.ieee_fdiv(_f32(1.0 if not e2m1_fma else 2.0), sf)  # e2m1_fma: 2 / sf
                 if C > 1:
@@ -749,16 +759,16 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
             slotv[k] = T.Cast("int64", slots[T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1)])
 
     @T.macro
-    def store_rows(xb, x, wf, s_w, posv, slotv, g, tx, lane, rows, cos, sin, cache, out_norm, max_pos,
+    def store_rows(xb, x, weights, posv, slotv, g, tx, lane, rows, cos, sin, cache, out_norm, max_pos,
                    capacity, eps):
-        """Widen row group g's loaded rows and run the row pipeline on each (with the FP32 weights wf in
-        registers, or ``weight_smem``: in s_w)."""
+        """Widen row group g's loaded rows and run the row pipeline on each (``weights``: the lane's FP32
+        weights in registers, or with ``weight_smem`` the CTA's shared copy)."""
         xw = T.view(xb, [R * C * VEC // 2], "uint32")  # BF16 pairs widen with one shift / one mask
         for k in T.unroll(R):
             for i in T.unroll(C * VEC // 2):
                 x[2 * i] = T.reinterpret(xw[k * C * VEC // 2 + i] << T.uint32(16), "float32")
                 x[2 * i + 1] = T.reinterpret(xw[k * C * VEC // 2 + i] & T.uint32(0xFFFF0000), "float32")
-            row_store(x, lane, s_w if weight_smem else wf, cos, sin, cache, out_norm, posv[k], slotv[k],
+            row_store(x, lane, weights, cos, sin, cache, out_norm, posv[k], slotv[k],
                       (g * R + k) * rows_per_cta + tx // lanes < rows,
                       T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1), max_pos, capacity, eps)
 
@@ -791,12 +801,11 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
             if weight_smem:
                 assert dim % THREADS == 0, (dim, THREADS)  # every thread fills dim / THREADS weights
                 s_w = T.alloc_shared([dim], "float32")
-                for e in T.unroll(dim // THREADS):  # element i = q * 16 + v * 4 + j at (v * nq + q) * 4 + j
-                    s_w[(((e * THREADS + tx) % VEC) // 4 * (dim // VEC) + (e * THREADS + tx) // VEC) * 4
-                        + (e * THREADS + tx) % 4] = T.Cast("float32", weight[e * THREADS + tx])
+                for e in T.unroll(dim // THREADS):  # weight element e * THREADS + tx
+                    s_w[_smem_weight_index((e * THREADS + tx) // VEC, (e * THREADS + tx) % VEC // 4,
+                                           (e * THREADS + tx) % 4, dim)] = T.Cast("float32",
+                                                                                  weight[e * THREADS + tx])
                 T.sync_threads()
-                store_rows(xb, x, wf, s_w, posv, slotv, bx, tx, lane, rows, cos, sin, cache, out_norm,
-                           max_pos, capacity if C > 1 else (cache_bytes // block_bytes) * rows_per_block, eps)
             else:
                 for c in T.unroll(C):
                     for v in T.unroll(VEC // wvec):
@@ -810,8 +819,9 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
                 else:
                     for i in T.unroll(C * VEC):
                         wf[i] = T.Cast("float32", wl[i])
-                store_rows(xb, x, wf, wf, posv, slotv, bx, tx, lane, rows, cos, sin, cache, out_norm,
-                           max_pos, capacity if C > 1 else (cache_bytes // block_bytes) * rows_per_block, eps)
+            store_rows(xb, x, s_w if weight_smem else wf, posv, slotv, bx, tx, lane, rows, cos, sin,
+                       cache, out_norm, max_pos,
+                       capacity if C > 1 else (cache_bytes // block_bytes) * rows_per_block, eps)
 
     return kernel
 
