@@ -9,11 +9,12 @@ FP4 index row's 4 scale bytes cover only part of a 32-byte sector, and with rand
 of that sector is written much later, after the sector has left L2 (a partial-sector write back).
 
 The default variant (v3) is reported with the previous one (v2) as peer ``v2`` and v3 with its options
-off as peer ``v3plain`` (``OPTION_PEERS``; the default turns weight_smem on, e2m1_bf16x2 for FP4 index
-rows and scale_mul, inv_table, e2m1_noclamp, rope_spread for FP4 main rows). KV_STORE_SWEEP=1 also
-times v3's launch shapes in ``SWEEP`` (chunks, rows per thread, min CTAs per SM, options) at 1M rows
-(KV_STORE_SWEEP=fp4_main,...: those formats only; lines ``SWEEP kv_store ...``; tuning data for
-``tilelang_ops.kv_store.CHUNKS`` / ``ROWS_PER_THREAD_V3`` / ``V3_OPTIONS``, not reported)."""
+off as peer ``v3plain`` (``OPTION_PEERS``, at 5 CTAs per SM; the default turns weight_smem on,
+e2m1_bf16x2 for FP4 index rows, scale_mul, inv_table, e2m1_noclamp for FP4 main rows, rope_spread for
+main rows). KV_STORE_SWEEP=1 also times v3's launch shapes in ``SWEEP`` (chunks, rows per thread, min
+CTAs per SM, options) at 1M rows (KV_STORE_SWEEP=fp4_main,...: those formats only; lines ``SWEEP
+kv_store ...``; tuning data for ``tilelang_ops.kv_store.CHUNKS`` / ``ROWS_PER_THREAD_V3`` /
+``V3_OPTIONS``, not reported)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ FORMATS = ((FP8_MAIN_KV_FORMAT, False), (FP4_MAIN_KV_FORMAT, False), (FP4_INDEX_
 ROWS_PER_BLOCK = 64
 MAX_POSITION = 8192
 TINY = 64  # at or below this many rows, time CUDA-graph replays (launch-bound)
-OPTION_PEERS = {"fp8_main": "none", "fp4_main": "none", "fp4_index": "none", "bf16": "none"}  # peer v3plain
+# peer v3plain: v3 with its options off, at the 5 CTAs per SM its registers were tuned for (at the 6 of
+# FP8 / FP4 main rows it spills: 1M rows 925.9 / 665.9 us)
+OPTION_PEERS = {"fp8_main": "none", "fp4_main": "none", "fp4_index": "none", "bf16": "none"}
+PLAIN_ENV = {"KV_STORE_MIN_CTAS": 5}
 ORDERS = {1 << 20: ("paged", "rowperm")}  # slot orders per row count (default: paged only)
 
 
@@ -74,7 +78,7 @@ def run(h: Harness) -> None:
             v2_us = timer(lambda: norm_rope_hadamard_cast_store(*args, **kw, variant="v2"))  # noqa: B023
             peers = {"v2": v2_us}
             if fmt.name in OPTION_PEERS:
-                with _env(KV_STORE_V3_OPTIONS=OPTION_PEERS[fmt.name]):
+                with _env(KV_STORE_V3_OPTIONS=OPTION_PEERS[fmt.name], **PLAIN_ENV):
                     peers["v3plain"] = timer(
                         lambda: norm_rope_hadamard_cast_store(*args, **kw, variant="v3"))  # noqa: B023
             nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
@@ -87,19 +91,19 @@ def run(h: Harness) -> None:
         sweep(None if os.environ["KV_STORE_SWEEP"] == "1" else os.environ["KV_STORE_SWEEP"].split(","))
 
 
-# (chunks per lane, rows per thread, min CTAs per SM[, v3 options]) per format: the session-17 sweep around
+# (chunks per lane, rows per thread, min CTAs per SM[, v3 options]) per format: the session-18 sweep around
 # the defaults (earlier sweeps and their register / stack notes: bench_results/h200.txt and the comments at
 # MIN_CTAS_V3 / V3_OPTIONS in tilelang_ops/kv_store.py).
 _FP4_MAIN_OPTS = "scale_mul,inv_table,e2m1_noclamp,weight_smem"
 _IDX_OPTS = "e2m1_bf16x2,weight_smem"
 _W = "weight_smem"
 _RS = ",rope_spread"
-SWEEP = {"fp8_main": ((2, 2, 5, _W), (2, 2, 5, _W + _RS), (2, 4, 5, _W + _RS)),
-         "fp4_main": ((2, 2, 5, _FP4_MAIN_OPTS), (2, 2, 5, _FP4_MAIN_OPTS + _RS),
-                      (2, 4, 5, _FP4_MAIN_OPTS + _RS), (2, 2, 6, _FP4_MAIN_OPTS + _RS)),
-         "fp4_index": ((2, 2, 5, _IDX_OPTS), (2, 2, 4, _IDX_OPTS), (2, 2, 6, _IDX_OPTS), (2, 4, 5, _IDX_OPTS),
-                       (2, 4, 4, _IDX_OPTS)),
-         "bf16": ((2, 2, 5, _W), (2, 2, 5, _W + _RS))}
+SWEEP = {"fp8_main": ((2, 2, 5, _W), (2, 2, 6, _W + _RS), (2, 2, 6, _W), (2, 2, 7, _W + _RS)),
+         "fp4_main": ((2, 2, 6, _FP4_MAIN_OPTS + _RS), (2, 2, 7, _FP4_MAIN_OPTS + _RS),
+                      (2, 1, 6, _FP4_MAIN_OPTS + _RS), (2, 1, 8, _FP4_MAIN_OPTS + _RS)),
+         "fp4_index": ((2, 2, 5, _IDX_OPTS), (2, 1, 5, _IDX_OPTS), (2, 1, 6, _IDX_OPTS),
+                       (2, 1, 8, _IDX_OPTS)),
+         "bf16": ((2, 2, 5, _W), (2, 2, 6, _W + _RS), (2, 2, 6, _W))}
 
 
 @contextlib.contextmanager

@@ -923,7 +923,8 @@ def test_build_sm90_v3_options(monkeypatch):
     monkeypatch.delenv("KV_STORE_V3_OPTIONS", raising=False)  # the defaults: on where they apply
     assert v3_options(FORMATS["fp4_index"]) == (True, False, False, False, True, False)
     assert v3_options(FORMATS["fp4_main"]) == (False, True, True, True, True, True)
-    assert v3_options(FORMATS["fp8_main"]) == v3_options(FORMATS["bf16"]) == (False,) * 4 + (True, False)
+    assert v3_options(FORMATS["fp8_main"]) == (False,) * 4 + (True, True)
+    assert v3_options(FORMATS["bf16"]) == (False,) * 4 + (True, False)
     monkeypatch.setenv("KV_STORE_V3_OPTIONS", "none")
     assert v3_options(FORMATS["fp4_index"]) == () and v3_options(FORMATS["fp4_main"]) == ()
 

@@ -47,8 +47,9 @@ emulation and the GPU tests bitwise) and save time at 1M rows: fp4 index 198.8 -
 517.3 -> 499.8 us. Later options (same bytes; ``V3_OPTIONS``): ``inv_table`` and ``e2m1_noclamp`` (FP4 main's
 scale reciprocal from a table, the e2m1 clamp skipped where it cannot bind), ``weight_smem`` (FP32 weights
 staged in shared memory once per CTA, every format) and ``rope_spread`` (a main row's RoPE spread over all of
-its lanes through shared memory); with them 1M rows take fp8 463 us (0.83 of the copy roofline), fp4 main
-437 (0.74), fp4 index 159 (0.50, two rows per thread), bf16 569 (0.89).
+its lanes through shared memory); with them (and 6 CTAs per SM for main rows) 1M rows take fp8 438 us
+(0.87 of the copy roofline), fp4 main 437 (0.74), fp4 index 159 (0.50, two rows per thread), bf16 565
+(0.89).
 "v2" is v1 with fewer SASS instructions (``make_row_store(fast=True)``): the sum of squares as FFMAs
 (x is BF16-valued, so x*x is exact in FP32 and ``ss + x*x`` rounds once either way; only products
 below 2^-126, |x| < 2^-63, are inexact as FMULs, which can matter only when eps ~ 0 and a whole
@@ -837,9 +838,10 @@ CHUNKS = {"fp8_main": 2, "fp4_main": 2, "fp4_index": 2, "bf16": 2}
 # bf16 R=2 602 -> 581. 6 or 7 (80 / 72 registers) spill more and were slower except fp4 R=1.
 # With weight_smem and rope_spread (fewer live registers) FP4 main rows run best at 6 (80 registers): 1M rows
 # 457.2 us at 5 -> 437.0-438.0 at 6 (0.74 of the copy roofline; 451.6 at 7; without rope_spread 6 gave 466.3).
-# FP8 main with rope_spread at 6 measured 437.9 us (0.88) against 458.7 at its default; adopting it waits for
-# a GPU test run at that configuration (its bytes were tested with rope_spread at 5: 466.3 us there).
-MIN_CTAS_V3 = {"fp8_main": 5, "fp4_main": 6, "fp4_index": 5, "bf16": 5}
+# So do FP8 main rows (session 18, GPU-tested at that configuration): 1M rows 458.0 us at 5 -> 437.4 at 6
+# (0.87 of the copy roofline; 6 without rope_spread 463.6, 7 with it 445.9). BF16 stays at 5 (6 with
+# rope_spread 566.6, without 613.2, against 565.6).
+MIN_CTAS_V3 = {"fp8_main": 6, "fp4_main": 6, "fp4_index": 5, "bf16": 5}
 # Tried on the H200 and dropped: CTA bx prefetching into L2 (prefetch.global.L2) the rows of CTA bx + one /
 # two waves (SMs x MIN_CTAS_V3 CTAs); at 1M rows, us without -> one wave / two waves: fp8 538 -> 541 / 690,
 # fp4 500 -> 505 / 577, fp4 index 180 -> 184 / 187, bf16 581 -> 632 / 779.
@@ -856,13 +858,14 @@ MIN_CTAS_V3 = {"fp8_main": 5, "fp4_main": 6, "fp4_index": 5, "bf16": 5}
 # index 1096 -> 1072, bf16 920 -> 872 (stack 16 -> 0). H200, 1M rows, us without -> with: fp8 493.5 -> 462.9
 # (0.83 of the copy roofline), fp4 main 476.3 -> 457.1 (0.71), fp4 index 174.9 -> 173.0 and, with the
 # weights out of the registers, R = 2 for index rows: 159.2 (0.50), bf16 579.9 -> 569.6.
-# rope_spread (512-wide rows; on for FP4 main only): SASS fp4 main 2016 -> 1984 static; at 5 CTAs per SM
-# 1M rows us without -> with: fp8 462.8 -> 466.3, fp4 main 457.2 -> 457.2, bf16 569.3 -> 576.5; it pays
-# through the registers it frees: fp4 main at 6 CTAs per SM 466.3 -> 437.0 (see MIN_CTAS_V3).
+# rope_spread (512-wide rows; on for FP4 / FP8 main rows, at 6 CTAs per SM): SASS fp4 main 2016 -> 1984
+# static; at 5 CTAs per SM 1M rows us without -> with: fp8 462.8 -> 466.3, fp4 main 457.2 -> 457.2, bf16
+# 569.3 -> 576.5; it pays through the registers it frees: at 6 CTAs per SM fp4 main 466.3 -> 437.0, fp8
+# 463.6 -> 437.4 (see MIN_CTAS_V3).
 # KV_STORE_V3_OPTIONS="e2m1_bf16x2,scale_mul" or "none" overrides this table for every format (the
 # benchmark's peer and sweep, the GPU tests). An option that does not apply to a format is dropped.
 V3_OPTION_NAMES = ("e2m1_bf16x2", "scale_mul", "inv_table", "e2m1_noclamp", "weight_smem", "rope_spread")
-V3_OPTIONS = {"fp8_main": ("weight_smem",),
+V3_OPTIONS = {"fp8_main": ("weight_smem", "rope_spread"),
               "fp4_main": ("scale_mul", "inv_table", "e2m1_noclamp", "weight_smem", "rope_spread"),
               "fp4_index": ("e2m1_bf16x2", "weight_smem"), "bf16": ("weight_smem",)}
 _OPTION_APPLIES = {"e2m1_bf16x2": ("e2m1", "ue8m0"), "scale_mul": ("e2m1", "e4m3"),
