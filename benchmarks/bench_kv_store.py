@@ -94,16 +94,17 @@ def run(h: Harness) -> None:
 # (chunks per lane, rows per thread, min CTAs per SM[, v3 options]) per format: the session-18 sweep around
 # the defaults (earlier sweeps and their register / stack notes: bench_results/h200.txt and the comments at
 # MIN_CTAS_V3 / V3_OPTIONS in tilelang_ops/kv_store.py).
-_FP4_MAIN_OPTS = "scale_mul,inv_table,e2m1_noclamp,weight_smem"
+_FP4_MAIN_OPTS = "scale_mul,inv_table,e2m1_noclamp,weight_smem,rope_spread"
 _IDX_OPTS = "e2m1_bf16x2,weight_smem"
-_W = "weight_smem"
-_RS = ",rope_spread"
-SWEEP = {"fp8_main": ((2, 2, 5, _W), (2, 2, 6, _W + _RS), (2, 2, 6, _W), (2, 2, 7, _W + _RS)),
-         "fp4_main": ((2, 2, 6, _FP4_MAIN_OPTS + _RS), (2, 2, 7, _FP4_MAIN_OPTS + _RS),
-                      (2, 1, 6, _FP4_MAIN_OPTS + _RS), (2, 1, 8, _FP4_MAIN_OPTS + _RS)),
-         "fp4_index": ((2, 2, 5, _IDX_OPTS), (2, 1, 5, _IDX_OPTS), (2, 1, 6, _IDX_OPTS),
-                       (2, 1, 8, _IDX_OPTS)),
-         "bf16": ((2, 2, 5, _W), (2, 2, 6, _W + _RS), (2, 2, 6, _W))}
+_FP8_OPTS = "weight_smem,rope_spread"
+_A = ",amax_bf16x2"
+_R = ",rcp_norm"
+SWEEP = {"fp8_main": ((2, 2, 6, _FP8_OPTS), (2, 2, 6, _FP8_OPTS + _R), (2, 2, 7, _FP8_OPTS),
+                      (2, 2, 7, _FP8_OPTS + _R), (2, 2, 7, _FP8_OPTS + _A), (2, 2, 7, _FP8_OPTS + _A + _R)),
+         "fp4_main": ((2, 2, 6, _FP4_MAIN_OPTS), (2, 2, 6, _FP4_MAIN_OPTS + _R),
+                      (2, 2, 6, _FP4_MAIN_OPTS + _A), (2, 2, 6, _FP4_MAIN_OPTS + _A + _R)),
+         "fp4_index": ((2, 2, 5, _IDX_OPTS), (2, 2, 5, _IDX_OPTS + _R)),
+         "bf16": ((2, 2, 5, "weight_smem"), (2, 2, 5, "weight_smem" + _R))}
 
 
 @contextlib.contextmanager

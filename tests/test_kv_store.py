@@ -38,6 +38,7 @@ from reference.kv_store import (
 )
 from tests.conftest import case_id, requires_cuda
 from tilelang_ops.diffcases import kv_store as kv_diff
+from tilelang_ops.kv_store import V3_OPTION_NAMES
 from tilelang_ops.testing import compare_bitwise
 
 SENTINEL = 0xA5
@@ -888,10 +889,17 @@ def test_build_sm90_v3_options(monkeypatch):
     8-byte payload stores and needs no division for the scale; scale_mul drops the amax / 6 division;
     inv_table reads 2 / sf from its table (no division left but the norm's), e2m1_noclamp votes;
     weight_smem stages FP32 weights in shared memory behind one barrier; rope_spread exchanges a row's
-    rotated channels through shared memory between two __syncwarp; options off (or not applicable)
-    leave the source without them."""
+    rotated channels through shared memory between two __syncwarp; amax_bf16x2 takes a chunk's amax with
+    max.xorsign.abs.bf16x2; options off (or not applicable) leave the source without them. The norm's
+    reciprocal is rcp.rn (no division at all once the scale's is gone)."""
     from tilelang_ops.build import compile_for_sm90
-    from tilelang_ops.kv_store import BF16X2_PRELUDE, INV_E4M3_PRELUDE, kv_store_kernel_v3, v3_options
+    from tilelang_ops.kv_store import (
+        AMAX_PRELUDE,
+        BF16X2_PRELUDE,
+        INV_E4M3_PRELUDE,
+        kv_store_kernel_v3,
+        v3_options,
+    )
 
     idx = ("fp4_index", 64, True, True, False, 64, "bfloat16", "int64", "int64", 1, 2, 5)
     src = compile_for_sm90(kv_store_kernel_v3, *idx, True, False).get_kernel_source()
@@ -904,13 +912,20 @@ def test_build_sm90_v3_options(monkeypatch):
     src = compile_for_sm90(kv_store_kernel_v3, *main, False, True, True, True).get_kernel_source()
     assert INV_E4M3_PRELUDE in src and "inv = tl_kvs_inv_e4m3(" in src and "__all_sync(" in src
     assert "__fdiv_rn" not in src.replace("rstd = __fdiv_rn(", "")  # the scale's division is gone
+    src = compile_for_sm90(kv_store_kernel_v3, *main, False, True, True, True, *(False,) * 3, True
+                           ).get_kernel_source()
+    assert "__fdiv_rn" not in src and "rstd = __frcp_rn(" in src  # rcp_norm: no division left
     fp8 = ("fp8_main", 64, True, False, False, 1, "bfloat16", "int64", "int64", 2, 2, 5)
     src = compile_for_sm90(kv_store_kernel_v3, *fp8, *(False,) * 4, True, True).get_kernel_source()
     assert src.count("__syncthreads()") == 1 and src.count("__syncwarp()") == 2  # in the rows loop
+    assert "maxabs" not in src
+    src = compile_for_sm90(kv_store_kernel_v3, *fp8, *(False,) * 6, True).get_kernel_source()
+    assert AMAX_PRELUDE in src and src.count("tl_kvs_bf16x2_maxabs(a16, ") == 1  # 7 per chunk, unrolled
+    assert "max.xorsign.abs.bf16x2" in src
     assert "__syncthreads()" not in compile_for_sm90(kv_store_kernel_v3, *main).get_kernel_source()
     names = ("e2m1_bf16x2", "scale_mul")
-    assert v3_options(FORMATS["fp4_index"], names) == (True, False, False, False, False, False)
-    assert v3_options(FORMATS["fp4_main"], names) == (False, True, False, False, False, False)
+    assert v3_options(FORMATS["fp4_index"], names) == (True,) + (False,) * 7
+    assert v3_options(FORMATS["fp4_main"], names) == (False, True) + (False,) * 6
     assert v3_options(FORMATS["fp8_main"], names) == () and v3_options(FORMATS["bf16"], names) == ()
     with pytest.raises(ValueError, match="options"):
         v3_options(FORMATS["fp4_main"], ("e2m1_bf16", ))
@@ -921,10 +936,10 @@ def test_build_sm90_v3_options(monkeypatch):
     src = compile_for_sm90(kv_store_kernel_v3, *st48, *v3_options(FORMATS["fp4_main"])).get_kernel_source()
     assert "__syncwarp()" not in src and "__all_sync(" in src
     monkeypatch.delenv("KV_STORE_V3_OPTIONS", raising=False)  # the defaults: on where they apply
-    assert v3_options(FORMATS["fp4_index"]) == (True, False, False, False, True, False)
-    assert v3_options(FORMATS["fp4_main"]) == (False, True, True, True, True, True)
-    assert v3_options(FORMATS["fp8_main"]) == (False,) * 4 + (True, True)
-    assert v3_options(FORMATS["bf16"]) == (False,) * 4 + (True, False)
+    assert v3_options(FORMATS["fp4_index"]) == (True, False, False, False, True, False, False, False)
+    assert v3_options(FORMATS["fp4_main"]) == (False, True, True, True, True, True, False, False)
+    assert v3_options(FORMATS["fp8_main"]) == (False,) * 4 + (True, True, True, True)
+    assert v3_options(FORMATS["bf16"]) == (False,) * 4 + (True, False, False, False)
     monkeypatch.setenv("KV_STORE_V3_OPTIONS", "none")
     assert v3_options(FORMATS["fp4_index"]) == () and v3_options(FORMATS["fp4_main"]) == ()
 
@@ -1162,13 +1177,12 @@ def test_kernel_v3_chunks(fmt_name, interleaved, chunks, monkeypatch):
 @requires_cuda
 @pytest.mark.parametrize("rpt", [1, 2])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
-@pytest.mark.parametrize("options", ["e2m1_bf16x2,scale_mul,inv_table,e2m1_noclamp,weight_smem,rope_spread",
-                                     "none"],
+@pytest.mark.parametrize("options", [",".join(V3_OPTION_NAMES), "none"],
                          ids=["options", "plain"])
 @pytest.mark.parametrize("fmt_name", ["fp4_main", "fp4_index", "fp8_main"])
 def test_kernel_v3_options(fmt_name, options, interleaved, rpt, monkeypatch):
     """v3 with its options on (KV_STORE_V3_OPTIONS: e2m1_bf16x2 for FP4 index, scale_mul, inv_table and
-    e2m1_noclamp for FP4 main, weight_smem for all, rope_spread for main rows; the default) and off, rows
+    e2m1_noclamp for FP4 main, weight_smem for all, rope_spread and amax_bf16x2 for main rows) and off, rows
     per thread forced, on a partial last CTA, a tiny launch, rows of tiny values (scales at the amax
     floor) and, for FP4 main, rows whose amax / 6 lands just above subnormal e4m3 scales (|z| up to 9:
     e2m1_noclamp's clamped encode): bitwise equal to the oracle (the options change instructions, not

@@ -47,9 +47,10 @@ emulation and the GPU tests bitwise) and save time at 1M rows: fp4 index 198.8 -
 517.3 -> 499.8 us. Later options (same bytes; ``V3_OPTIONS``): ``inv_table`` and ``e2m1_noclamp`` (FP4 main's
 scale reciprocal from a table, the e2m1 clamp skipped where it cannot bind), ``weight_smem`` (FP32 weights
 staged in shared memory once per CTA, every format) and ``rope_spread`` (a main row's RoPE spread over all of
-its lanes through shared memory); with them (and 6 CTAs per SM for main rows) 1M rows take fp8 438 us
-(0.87 of the copy roofline), fp4 main 437 (0.74), fp4 index 159 (0.50, two rows per thread), bf16 565
-(0.89).
+its lanes through shared memory), ``amax_bf16x2`` (a chunk's amax from its packed BF16 words) and
+``rcp_norm`` (the norm's reciprocal as rcp.rn); with the defaults (``V3_OPTIONS``, ``MIN_CTAS_V3``) 1M
+rows take fp8 427 us (0.90 of the copy roofline), fp4 main 437 (0.74), fp4 index 159 (0.50, two rows per
+thread), bf16 569 (0.89).
 "v2" is v1 with fewer SASS instructions (``make_row_store(fast=True)``): the sum of squares as FFMAs
 (x is BF16-valued, so x*x is exact in FP32 and ``ss + x*x`` rounds once either way; only products
 below 2^-126, |x| < 2^-63, are inexact as FMULs, which can matter only when eps ~ 0 and a whole
@@ -116,7 +117,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                    weight_in_registers: bool = False, fast: bool = False, chunks: int = 1,
                    e2m1_fma: bool = False, e2m1_bf16x2: bool = False, scale_mul: bool = False,
                    inv_table: bool = False, e2m1_noclamp: bool = False, weight_in_shared: bool = False,
-                   rope_spread: bool = False):
+                   rope_spread: bool = False, amax_bf16x2: bool = False, rcp_norm: bool = False):
     """The per-row pipeline as a ``@T.macro`` (see the module docstring for the lane layout).
 
     Macro arguments: ``x`` local FP32 [chunks * 16]: this lane's chunks of the BF16 input row, chunk
@@ -160,6 +161,11 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     and the holders read the results back (__syncwarp between): the warp pays a few pairs of RoPE per
     row instead of a whole 16-element chunk while three quarters of its lanes wait. The kernel must not
     insert block barriers of its own (TL_DISABLE_THREAD_STORAGE_SYNC).
+    ``amax_bf16x2`` (v3 option, main rows cast to e4m3 / e2m1; the kernel must declare
+    ``AMAX_PRELUDE``): a chunk's amax from its packed BF16 words (7 max.xorsign.abs.bf16x2, then the two
+    halves) instead of 16 FP32 maxima: the same number (the cast input is BF16, a max picks one of them).
+    ``rcp_norm`` (v3 option): the norm's 1 / sqrt(.) as rcp.rn instead of the IEEE division 1 / s (both
+    RN(1 / s)).
     """
     C = chunks
     dim = fmt.dim
@@ -175,6 +181,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     scale_mul = scale_mul and option_applies("scale_mul", fmt)
     inv_table = inv_table and option_applies("inv_table", fmt)
     e2m1_noclamp = e2m1_noclamp and option_applies("e2m1_noclamp", fmt)
+    amax_bf16x2 = amax_bf16x2 and option_applies("amax_bf16x2", fmt)
     assert not e2m1_noclamp or inv_table, "e2m1_noclamp tests the scale byte and amax / 6 of inv_table"
     assert not inv_table or e2m1_fma, "the table holds 2 / sf, the scale e2m1_fma multiplies by"
     if e2m1_bf16x2:
@@ -258,8 +265,9 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         if e2m1_bf16x2:
             aw = T.alloc_local([VEC // 2], "uint32")  # |y| pairs of one chunk (BF16 bits)
             tw = T.alloc_local([VEC // 2], "uint32")  # FMA results: code in the low nibble of each half
-            a16 = T.alloc_var("uint32")
             e8 = T.alloc_var("uint32")
+        if e2m1_bf16x2 or amax_bf16x2:
+            a16 = T.alloc_var("uint32")
         f8 = T.alloc_local([C * VEC], "float8_e4m3fn")
         packed = T.alloc_local([out_bytes], "uint8")
         ps = T.alloc_local([C], "float32")
@@ -311,7 +319,10 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         ss = ps[0]
         for k in T.unroll(log_lanes):
             ss = ss + T.shfl_xor(ss, lanes >> (k + 1))  # a + b == b + a: every lane gets the same sum
-        rstd = T.ieee_fdiv(_f32(1.0), T.ieee_fsqrt(T.ieee_add(T.ieee_mul(ss, _f32(1.0 / dim)), eps)))
+        if rcp_norm:  # RN(1 / s) either way; rcp.rn is the shorter sequence (no general division)
+            rstd = T.ieee_frcp(T.ieee_fsqrt(T.ieee_add(T.ieee_mul(ss, _f32(1.0 / dim)), eps)))
+        else:
+            rstd = T.ieee_fdiv(_f32(1.0), T.ieee_fsqrt(T.ieee_add(T.ieee_mul(ss, _f32(1.0 / dim)), eps)))
         if weight_in_shared:
             for c in T.unroll(C):
                 for v in T.unroll(VEC // 4):
@@ -487,9 +498,17 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                     packed[2 * j] = T.Cast("uint8", T.reinterpret(yb[j], "uint16") & T.uint16(0xFF))
                     packed[2 * j + 1] = T.Cast("uint8", T.reinterpret(yb[j], "uint16") >> T.uint16(8))
             else:
-                amax = T.float32(0)
-                for j in T.unroll(VEC):
-                    amax = T.max(amax, T.abs(y[c * VEC + j]))
+                if amax_bf16x2:  # yb holds y's BF16 words (every stage leaves them there)
+                    yw = T.view(yb, [C * VEC // 2], "uint32")
+                    a16 = yw[c * VEC // 2]
+                    for j in T.unroll(VEC // 2 - 1):  # max(|a|, |b|) per half (the sign is a ^ b: dropped)
+                        a16 = T.call_extern("uint32", "tl_kvs_bf16x2_maxabs", a16, yw[c * VEC // 2 + j + 1])
+                    amax = T.max(T.abs(T.reinterpret(a16 << T.uint32(16), "float32")),
+                                 T.abs(T.reinterpret(a16 & T.uint32(0xFFFF0000), "float32")))
+                else:
+                    amax = T.float32(0)
+                    for j in T.unroll(VEC):
+                        amax = T.max(amax, T.abs(y[c * VEC + j]))
                 if lanes_per_group == 2:
                     amax = T.max(amax, T.shfl_xor(amax, 1))  # the group's other half is the next lane
                 amax = T.max(amax, _f32(fmt.amax_floor))
@@ -655,7 +674,8 @@ def kv_store_kernel_v3(fmt_name: str, rope_dim: int, interleaved: bool, hadamard
                        rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str,
                        rows_per_thread: int = 1, chunks: int = 2, min_ctas: int = 0,
                        e2m1_bf16x2: bool = False, scale_mul: bool = False, inv_table: bool = False,
-                       e2m1_noclamp: bool = False, weight_smem: bool = False, rope_spread: bool = False):
+                       e2m1_noclamp: bool = False, weight_smem: bool = False, rope_spread: bool = False,
+                       amax_bf16x2: bool = False, rcp_norm: bool = False):
     """Variant v3: v2's arithmetic with ``chunks`` 16-element chunks per lane (``make_row_store``);
     ``min_ctas`` > 1 caps registers so that many CTAs fit an SM (``__launch_bounds__``).
     ``e2m1_bf16x2`` / ``scale_mul`` / ``inv_table`` / ``e2m1_noclamp``: the cast options of
@@ -666,7 +686,18 @@ def kv_store_kernel_v3(fmt_name: str, rope_dim: int, interleaved: bool, hadamard
                           weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=True, chunks=chunks,
                           e2m1_fma=True, min_ctas=min_ctas, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul,
                           inv_table=inv_table, e2m1_noclamp=e2m1_noclamp, weight_smem=weight_smem,
-                          rope_spread=rope_spread)
+                          rope_spread=rope_spread, amax_bf16x2=amax_bf16x2, rcp_norm=rcp_norm)
+
+
+# Device helper of make_row_store(amax_bf16x2=True): max(|a|, |b|) per BF16 half, the sign a ^ b (one
+# HMNMX2; tools/check_kv_store_emu.py swaps this text for a C++ emulation).
+AMAX_PRELUDE = """
+__device__ __forceinline__ unsigned tl_kvs_bf16x2_maxabs(unsigned a, unsigned b) {
+  unsigned r;
+  asm("max.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+"""
 
 
 # Device helpers of make_row_store(e2m1_bf16x2=True) (unsigned words holding two BF16 values): one
@@ -714,7 +745,7 @@ INV_E4M3_PRELUDE = inv_e4m3_prelude()
 def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block, weight_dtype,
                    pos_dtype, slot_dtype, rows_per_thread, fast, chunks=1, e2m1_fma=False, min_ctas=0,
                    e2m1_bf16x2=False, scale_mul=False, inv_table=False, e2m1_noclamp=False,
-                   weight_smem=False, rope_spread=False):
+                   weight_smem=False, rope_spread=False, amax_bf16x2=False, rcp_norm=False):
     """``rows_per_thread`` (R): each thread stores R rows, ``rows_per_cta`` apart, so a CTA covers
     R * rows_per_cta consecutive rows; all R rows' loads are issued before the first row's math
     (R times the bytes in flight) and the lane's weights are loaded and converted once. ``chunks`` (C):
@@ -735,10 +766,12 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
                                weight_dtype, weight_in_registers=not weight_smem, fast=fast, chunks=C,
                                weight_in_shared=weight_smem, rope_spread=rope_spread,
                                e2m1_fma=e2m1_fma, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul,
-                               inv_table=inv_table, e2m1_noclamp=e2m1_noclamp)
+                               inv_table=inv_table, e2m1_noclamp=e2m1_noclamp, amax_bf16x2=amax_bf16x2,
+                               rcp_norm=rcp_norm)
     # the helpers are declared only where they are called (other kernels' sources stay as they were)
     prelude = "".join(text for on, name, text in ((e2m1_bf16x2, "e2m1_bf16x2", BF16X2_PRELUDE),
-                                                  (inv_table, "inv_table", INV_E4M3_PRELUDE))
+                                                  (inv_table, "inv_table", INV_E4M3_PRELUDE),
+                                                  (amax_bf16x2, "amax_bf16x2", AMAX_PRELUDE))
                       if on and option_applies(name, fmt)) or None
     rows, norm_rows, max_pos = T.dynamic("rows, norm_rows, max_pos")
     cache_bytes = T.dynamic("cache_bytes", "int64")
@@ -838,10 +871,10 @@ CHUNKS = {"fp8_main": 2, "fp4_main": 2, "fp4_index": 2, "bf16": 2}
 # bf16 R=2 602 -> 581. 6 or 7 (80 / 72 registers) spill more and were slower except fp4 R=1.
 # With weight_smem and rope_spread (fewer live registers) FP4 main rows run best at 6 (80 registers): 1M rows
 # 457.2 us at 5 -> 437.0-438.0 at 6 (0.74 of the copy roofline; 451.6 at 7; without rope_spread 6 gave 466.3).
-# So do FP8 main rows (session 18, GPU-tested at that configuration): 1M rows 458.0 us at 5 -> 437.4 at 6
-# (0.87 of the copy roofline; 6 without rope_spread 463.6, 7 with it 445.9). BF16 stays at 5 (6 with
-# rope_spread 566.6, without 613.2, against 565.6).
-MIN_CTAS_V3 = {"fp8_main": 6, "fp4_main": 6, "fp4_index": 5, "bf16": 5}
+# FP8 main rows (session 18): 1M rows 458.0 us at 5 -> 437.4 at 6 with rope_spread (0.87 of the copy
+# roofline; 6 without it 463.6, 7 with it 445.9), and with amax_bf16x2 and rcp_norm too at 7: 426.3-428.0
+# (0.90; GPU-tested at 7). BF16 stays at 5 (6 with rope_spread 566.6, without 613.2, against 565.6).
+MIN_CTAS_V3 = {"fp8_main": 7, "fp4_main": 6, "fp4_index": 5, "bf16": 5}
 # Tried on the H200 and dropped: CTA bx prefetching into L2 (prefetch.global.L2) the rows of CTA bx + one /
 # two waves (SMs x MIN_CTAS_V3 CTAs); at 1M rows, us without -> one wave / two waves: fp8 538 -> 541 / 690,
 # fp4 500 -> 505 / 577, fp4 index 180 -> 184 / 187, bf16 581 -> 632 / 779.
@@ -862,15 +895,24 @@ MIN_CTAS_V3 = {"fp8_main": 6, "fp4_main": 6, "fp4_index": 5, "bf16": 5}
 # static; at 5 CTAs per SM 1M rows us without -> with: fp8 462.8 -> 466.3, fp4 main 457.2 -> 457.2, bf16
 # 569.3 -> 576.5; it pays through the registers it frees: at 6 CTAs per SM fp4 main 466.3 -> 437.0, fp8
 # 463.6 -> 437.4 (see MIN_CTAS_V3).
+# amax_bf16x2 and rcp_norm (session 18; SASS fp4 main static 1984 -> 1936 (rcp_norm: -24 a row) -> 1968
+# (amax_bf16x2: 60 FMNMX -> 28 HMNMX2 + 8, but the RoPE lanes re-pack their BF16 words and nvcc moves the
+# widening around)). Fewer instructions did not mean less time; 1M rows, us, one run, each timed twice:
+#   fp8 main at 6: 438.5 -> rcp_norm 440.5; at 7: 446.0 -> rcp_norm 468.4, amax_bf16x2 469.1, both 426.5
+#   fp4 main at 6: 438.6 -> rcp_norm 441.3, amax_bf16x2 451.1, both 448.5 (next run); at 7 rcp_norm 451.6
+#   fp4 index: 160.2 -> rcp_norm 159.9; bf16: 565.6 -> rcp_norm 576.6
+# so only FP8 main rows take them (both, at 7 CTAs per SM); the register allocation and schedule nvcc
+# lands on moves these kernels by more than the instructions saved.
 # KV_STORE_V3_OPTIONS="e2m1_bf16x2,scale_mul" or "none" overrides this table for every format (the
 # benchmark's peer and sweep, the GPU tests). An option that does not apply to a format is dropped.
-V3_OPTION_NAMES = ("e2m1_bf16x2", "scale_mul", "inv_table", "e2m1_noclamp", "weight_smem", "rope_spread")
-V3_OPTIONS = {"fp8_main": ("weight_smem", "rope_spread"),
+V3_OPTION_NAMES = ("e2m1_bf16x2", "scale_mul", "inv_table", "e2m1_noclamp", "weight_smem", "rope_spread",
+                   "amax_bf16x2", "rcp_norm")
+V3_OPTIONS = {"fp8_main": ("weight_smem", "rope_spread", "amax_bf16x2", "rcp_norm"),
               "fp4_main": ("scale_mul", "inv_table", "e2m1_noclamp", "weight_smem", "rope_spread"),
               "fp4_index": ("e2m1_bf16x2", "weight_smem"), "bf16": ("weight_smem",)}
 _OPTION_APPLIES = {"e2m1_bf16x2": ("e2m1", "ue8m0"), "scale_mul": ("e2m1", "e4m3"),
                    "inv_table": ("e2m1", "e4m3"), "e2m1_noclamp": ("e2m1", "e4m3"), "weight_smem": None,
-                   "rope_spread": "main"}
+                   "rope_spread": "main", "amax_bf16x2": "main_cast", "rcp_norm": None}
 
 
 def option_applies(name: str, fmt: KVCacheFormat) -> bool:
@@ -879,6 +921,8 @@ def option_applies(name: str, fmt: KVCacheFormat) -> bool:
     applies = _OPTION_APPLIES[name]  # (data, scale) dtypes; None: every format; "main": the 512-wide rows
     if applies == "main":
         return fmt.dim == 512
+    if applies == "main_cast":  # 512-wide rows with scales (not BF16)
+        return fmt.dim == 512 and fmt.scale_dtype is not None
     return applies in (None, (fmt.data_dtype, fmt.scale_dtype))
 
 

@@ -4,10 +4,10 @@ CUDA thread) and compare their cache bytes and out_norm bitwise with the vectori
 with only in-range slots, the loop reference). Every format, both RoPE conventions, Hadamard, rows per
 thread R = 1 / 2, out_norm on / off, BF16 / FP32 weights, int32 / int64 indices, odd row counts, slot -1,
 slots beyond the cache and positions beyond the table. Each variant in ``VARIANTS`` is checked, and
-"v3opt": v3 with every option of ``V3_OPTION_NAMES`` on (checked where that differs from the defaults,
-today FP8 main and BF16: rope_spread; the FP4 formats' defaults are all their options, which "v3" checks),
-and "v3plain": v3 with none (checked where ``V3_OPTIONS`` turns one on by default). The BF16x2 helpers of e2m1_bf16x2 run as
-a C++ emulation (``EMU_PRELUDE``: exact FMA, one RNE to BF16; prmt / vmax on the bytes / halves).
+"v3opt": v3 with every option of ``V3_OPTION_NAMES`` on (checked where that differs from the defaults),
+and "v3plain": v3 with none (checked where ``V3_OPTIONS`` turns one on by default). The BF16x2 helpers of
+e2m1_bf16x2 and amax_bf16x2 run as C++ emulations (``EMU_PRELUDE``: exact FMA, one RNE to BF16; prmt /
+vmax on the bytes / halves; ``EMU_AMAX_PRELUDE``: max.xorsign.abs on the halves).
 `--mutate` checks that deliberately broken sources are caught.
 
     PYTHONPATH=. .venv/bin/python tools/check_kv_store_emu.py [case-substring ...] [--variant v3opt] [--mutate]
@@ -71,6 +71,15 @@ def source(variant, static):
         open(key, "w").write(src)
     return open(key).read()
 
+# kv_store.AMAX_PRELUDE's max.xorsign.abs.bf16x2: per half the larger magnitude (as integers: the same order
+# for finite non-negative BF16), the sign a ^ b
+EMU_AMAX_PRELUDE = r"""
+inline uint tl_kvs_bf16x2_maxabs(uint a, uint b) {
+  uint r = 0;
+  for (int h = 0; h < 32; h += 16)
+    r |= ((std::max((a >> h) & 0x7FFFu, (b >> h) & 0x7FFFu)) | (((a ^ b) >> h) & 0x8000u)) << h;
+  return r; }
+"""
 
 _emus = {}
 
@@ -84,6 +93,8 @@ def emu_for(variant, static, edit=None):
             src = src.replace(edit[0], edit[1], 1)
         if K.BF16X2_PRELUDE in src:
             src = src.replace(K.BF16X2_PRELUDE, EMU_PRELUDE)
+        if K.AMAX_PRELUDE in src:
+            src = src.replace(K.AMAX_PRELUDE, EMU_AMAX_PRELUDE)
         if K.INV_E4M3_PRELUDE in src:
             src = src.replace(K.INV_E4M3_PRELUDE, K.inv_e4m3_prelude(device=False))
         _emus[k] = Emu(src)
@@ -182,7 +193,7 @@ def ndiff(a, b):
 
 
 MUTATIONS = {  # generated-source edits (first occurrence) that must make the kernel disagree
-    "rstd_scaled": ("rstd = __fdiv_rn(", "rstd = 1.001f * __fdiv_rn("),
+    "rstd_scaled": ("rstd = __f", "rstd = 1.001f * __f"),  # __fdiv_rn(1, s) or (rcp_norm) __frcp_rn(s)
     "bad_position_stored": ("(position < ((int64_t)max_pos))", "true"),
 }
 # v3opt's cast (case index in CASES, edit): a broken encode, scale or packing must be caught
@@ -196,6 +207,9 @@ OPTION_MUTATIONS = {
     "scale_mul_constant": (4, ("(uint)1042983595;", "(uint)1042983594;")),  # RN(1/6) - 1 ulp
     "inv_table_index": (4, ("inv = tl_kvs_inv_e4m3(((uint)sbyte));", "inv = tl_kvs_inv_e4m3(((uint)sbyte) + 1u);")),
     "noclamp_always": (14, ("if (__all_sync((uint)4294967295,", "if (1 | __all_sync((uint)4294967295,")),
+    "amax_bf16x2_odd_half": (4, ("a16 & (uint)4294901760", "(uint)0")),  # the odd elements' maximum dropped
+    "amax_bf16x2_last_word": (0, ("tl_kvs_bf16x2_maxabs(a16, yw[(((c_5 * 8) + j_8) + 1)])",
+                                  "tl_kvs_bf16x2_maxabs(a16, yw[((c_5 * 8) + j_8)])")),
 }
 # the FMA rounded toward zero (the grid rounding is the encode's RNE: truncation must be caught). An
 # unfused multiply-add would not be: |y| * 2 / sf is exact in BF16, so it is the same number.
