@@ -8,13 +8,13 @@ The two differ in what the memory system sees, not in the kernel's work: a FP8 m
 FP4 index row's 4 scale bytes cover only part of a 32-byte sector, and with random rows the other part
 of that sector is written much later, after the sector has left L2 (a partial-sector write back).
 
-The default variant (v3) is reported with the previous one (v2) as peer ``v2`` and v3 with its options
-off as peer ``v3plain`` (``OPTION_PEERS``, at 5 CTAs per SM; the default turns weight_smem on,
-e2m1_bf16x2 for FP4 index rows, scale_mul, inv_table, e2m1_noclamp for FP4 main rows, rope_spread for
-main rows). KV_STORE_SWEEP=1 also times v3's launch shapes in ``SWEEP`` (chunks, rows per thread, min
-CTAs per SM, options) at 1M rows (KV_STORE_SWEEP=fp4_main,...: those formats only; lines ``SWEEP
-kv_store ...``; tuning data for ``tilelang_ops.kv_store.CHUNKS`` / ``ROWS_PER_THREAD_V3`` /
-``V3_OPTIONS``, not reported)."""
+The default variant (v3) is reported with the previous one (v2) as peer ``v2`` and v3 with its options off
+as peer ``v3plain`` (``OPTION_PEERS``, at 5 CTAs per SM; the default turns weight_smem on, e2m1_bf16x2 for
+FP4 index rows, scale_mul, inv_table, e2m1_noclamp for FP4 main rows, rope_spread for FP4 / FP8 main rows,
+amax_bf16x2 and rcp_norm for FP8 main rows). KV_STORE_SWEEP=1 also times v3's launch shapes in ``SWEEP``
+(chunks, rows per thread, min CTAs per SM, options) at 1M rows (KV_STORE_SWEEP=fp4_main,...: those formats
+only; lines ``SWEEP kv_store ...``; tuning data for ``tilelang_ops.kv_store.CHUNKS`` /
+``ROWS_PER_THREAD_V3`` / ``V3_OPTIONS``, not reported)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ FORMATS = ((FP8_MAIN_KV_FORMAT, False), (FP4_MAIN_KV_FORMAT, False), (FP4_INDEX_
 ROWS_PER_BLOCK = 64
 MAX_POSITION = 8192
 TINY = 64  # at or below this many rows, time CUDA-graph replays (launch-bound)
-# peer v3plain: v3 with its options off, at the 5 CTAs per SM its registers were tuned for (at the 6 of
-# FP8 / FP4 main rows it spills: 1M rows 925.9 / 665.9 us)
+# peer v3plain: v3 with its options off, at the 5 CTAs per SM its registers were tuned for (at 6 CTAs per
+# SM it spills: 1M rows FP8 / FP4 main 925.9 / 665.9 us)
 OPTION_PEERS = {"fp8_main": "none", "fp4_main": "none", "fp4_index": "none", "bf16": "none"}
 PLAIN_ENV = {"KV_STORE_MIN_CTAS": 5}
 ORDERS = {1 << 20: ("paged", "rowperm")}  # slot orders per row count (default: paged only)

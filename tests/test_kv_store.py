@@ -655,6 +655,9 @@ STORE_CASES = [
     StoreCase("fp4_main_rope128", "fp4_main", 6, rope_dim=128),
     StoreCase("fp8_main_rope128_half", "fp8_main", 7, interleaved=False, rope_dim=128),
     StoreCase("fp4_index_had_rope32_half", "fp4_index", 9, interleaved=False, hadamard=True, rope_dim=32),
+    # the Hadamard on 512-wide rows (the contract allows it on any power-of-two width; no engine path uses it)
+    StoreCase("fp8_main_hadamard", "fp8_main", 5, hadamard=True),
+    StoreCase("fp4_main_hadamard_half", "fp4_main", 6, interleaved=False, hadamard=True),
 ]
 
 
@@ -920,7 +923,8 @@ def test_build_sm90_v3_options(monkeypatch):
     assert src.count("__syncthreads()") == 1 and src.count("__syncwarp()") == 2  # in the rows loop
     assert "maxabs" not in src
     src = compile_for_sm90(kv_store_kernel_v3, *fp8, *(False,) * 6, True).get_kernel_source()
-    assert AMAX_PRELUDE in src and src.count("tl_kvs_bf16x2_maxabs(a16, ") == 1  # 7 per chunk, unrolled
+    # one call site, in an unrolled loop
+    assert AMAX_PRELUDE in src and src.count("tl_kvs_bf16x2_maxabs(a16, ") == 1
     assert "max.xorsign.abs.bf16x2" in src
     assert "__syncthreads()" not in compile_for_sm90(kv_store_kernel_v3, *main).get_kernel_source()
     names = ("e2m1_bf16x2", "scale_mul")
@@ -1042,6 +1046,8 @@ GPU_CASES += [
     GpuCase("fp8_main_rope128_half", "fp8_main", 333, interleaved=False, rope_dim=128),
     GpuCase("bf16_rope32_half", "bf16", 100, interleaved=False, rope_dim=32),
     GpuCase("fp4_index_had_rope32_half", "fp4_index", 333, interleaved=False, hadamard=True, rope_dim=32),
+    GpuCase("fp8_main_hadamard", "fp8_main", 333, hadamard=True),  # main rows' Hadamard: amax_bf16x2 reads
+    GpuCase("fp4_main_hadamard_half", "fp4_main", 333, interleaved=False, hadamard=True),  # its BF16 words
     GpuCase("fp4_index_plain_rows4097", "fp4_index", 4097),
     GpuCase("fp4_index_hadamard_rpb5", "fp4_index", 333, hadamard=True, rows_per_block=5),
     GpuCase("fp4_index_half_rpb16", "fp4_index", 100, interleaved=False, rows_per_block=16),
@@ -1182,7 +1188,8 @@ def test_kernel_v3_chunks(fmt_name, interleaved, chunks, monkeypatch):
 @pytest.mark.parametrize("fmt_name", ["fp4_main", "fp4_index", "fp8_main"])
 def test_kernel_v3_options(fmt_name, options, interleaved, rpt, monkeypatch):
     """v3 with its options on (KV_STORE_V3_OPTIONS: e2m1_bf16x2 for FP4 index, scale_mul, inv_table and
-    e2m1_noclamp for FP4 main, weight_smem for all, rope_spread and amax_bf16x2 for main rows) and off, rows
+    e2m1_noclamp for FP4 main, weight_smem and rcp_norm for all, rope_spread and amax_bf16x2 for main
+    rows) and off, rows
     per thread forced, on a partial last CTA, a tiny launch, rows of tiny values (scales at the amax
     floor) and, for FP4 main, rows whose amax / 6 lands just above subnormal e4m3 scales (|z| up to 9:
     e2m1_noclamp's clamped encode): bitwise equal to the oracle (the options change instructions, not

@@ -38,7 +38,8 @@ time fell less than the instruction count: the fp8 kernel is now partly latency-
 achieved occupancy, a warp eligible 64% of cycles), fp4 still issue-bound (77%). A persistent grid
 (a fixed grid striding over the row groups, loading group i + 1 before storing group i) was tried,
 GPU-verified and measured no better (bench_results/h200.txt), and removed. ``MIN_CTAS_V3`` caps the
-registers at 96 (five CTAs per SM): 2-8% faster at 1M rows (fp8 539 us, fp4 516, fp4 index 200, bf16 581).
+registers, first at 96 (five CTAs per SM): 2-8% faster at 1M rows (fp8 539 us, fp4 516, fp4 index 200, bf16
+581); FP4 main rows now run 6 CTAs per SM (80 registers) and FP8 main rows 7 (72), with the options below.
 v3's cast options (``V3_OPTIONS``, on by default since their H200 run; ``make_row_store``'s
 ``e2m1_bf16x2`` for FP4 index rows: division-free UE8M0 scale and a BF16x2-FMA e2m1 encode on the packed
 BF16 row, 1272 -> 1096 SASS per thread at R = 1, no stack; ``scale_mul`` for FP4 main rows: amax * RN(1/6)
@@ -680,8 +681,9 @@ def kv_store_kernel_v3(fmt_name: str, rope_dim: int, interleaved: bool, hadamard
     ``min_ctas`` > 1 caps registers so that many CTAs fit an SM (``__launch_bounds__``).
     ``e2m1_bf16x2`` / ``scale_mul`` / ``inv_table`` / ``e2m1_noclamp``: the cast options of
     ``make_row_store``; ``weight_smem``: FP32 weights in shared memory (``_kv_store_prim``);
-    ``rope_spread``: RoPE spread over the row's lanes (``make_row_store``) (False here;
-    the wrapper passes ``V3_OPTIONS``; same bytes; formats they do not apply to ignore them)."""
+    ``rope_spread``: RoPE spread over the row's lanes; ``amax_bf16x2`` / ``rcp_norm``: see
+    ``make_row_store`` (False here; the wrapper passes ``V3_OPTIONS``; same bytes; formats they do not
+    apply to ignore them)."""
     return _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
                           weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=True, chunks=chunks,
                           e2m1_fma=True, min_ctas=min_ctas, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul,
@@ -891,20 +893,22 @@ MIN_CTAS_V3 = {"fp8_main": 7, "fp4_main": 6, "fp4_index": 5, "bf16": 5}
 # index 1096 -> 1072, bf16 920 -> 872 (stack 16 -> 0). H200, 1M rows, us without -> with: fp8 493.5 -> 462.9
 # (0.83 of the copy roofline), fp4 main 476.3 -> 457.1 (0.71), fp4 index 174.9 -> 173.0 and, with the
 # weights out of the registers, R = 2 for index rows: 159.2 (0.50), bf16 579.9 -> 569.6.
-# rope_spread (512-wide rows; on for FP4 / FP8 main rows, at 6 CTAs per SM): SASS fp4 main 2016 -> 1984
-# static; at 5 CTAs per SM 1M rows us without -> with: fp8 462.8 -> 466.3, fp4 main 457.2 -> 457.2, bf16
-# 569.3 -> 576.5; it pays through the registers it frees: at 6 CTAs per SM fp4 main 466.3 -> 437.0, fp8
-# 463.6 -> 437.4 (see MIN_CTAS_V3).
+# rope_spread (512-wide rows; on for FP4 main rows at 6 and FP8 main at 7 CTAs per SM): SASS fp4 main
+# 2016 -> 1984 static; at 5 CTAs per SM 1M rows us without -> with: fp8 462.8 -> 466.3, fp4 main 457.2 ->
+# 457.2, bf16 569.3 -> 576.5; it pays through the registers it frees: at 6 CTAs per SM fp4 main 466.3 ->
+# 437.0, fp8 463.6 -> 437.4 (see MIN_CTAS_V3).
 # amax_bf16x2 and rcp_norm (session 18; SASS fp4 main static 1984 -> 1936 (rcp_norm: -24 a row) -> 1968
 # (amax_bf16x2: 60 FMNMX -> 28 HMNMX2 + 8, but the RoPE lanes re-pack their BF16 words and nvcc moves the
 # widening around)). Fewer instructions did not mean less time; 1M rows, us, one run, each timed twice:
-#   fp8 main at 6: 438.5 -> rcp_norm 440.5; at 7: 446.0 -> rcp_norm 468.4, amax_bf16x2 469.1, both 426.5
+#   fp8 main at 6: 438.5 -> rcp_norm 440.5; at 7: 445.9 -> rcp_norm 468.4, amax_bf16x2 469.1, both 426.5
 #   fp4 main at 6: 438.6 -> rcp_norm 441.3, amax_bf16x2 451.1, both 448.5 (next run); at 7 rcp_norm 451.6
 #   fp4 index: 160.2 -> rcp_norm 159.9; bf16: 565.6 -> rcp_norm 576.6
 # so only FP8 main rows take them (both, at 7 CTAs per SM); the register allocation and schedule nvcc
 # lands on moves these kernels by more than the instructions saved.
 # KV_STORE_V3_OPTIONS="e2m1_bf16x2,scale_mul" or "none" overrides this table for every format (the
 # benchmark's peer and sweep, the GPU tests). An option that does not apply to a format is dropped.
+# MIN_CTAS_V3 is tuned for these defaults: other options want their own KV_STORE_MIN_CTAS (FP8 main at 7
+# without amax_bf16x2 + rcp_norm: 446-469 us, worse than 6; the benchmark's v3plain peer runs at 5).
 V3_OPTION_NAMES = ("e2m1_bf16x2", "scale_mul", "inv_table", "e2m1_noclamp", "weight_smem", "rope_spread",
                    "amax_bf16x2", "rcp_norm")
 V3_OPTIONS = {"fp8_main": ("weight_smem", "rope_spread", "amax_bf16x2", "rcp_norm"),

@@ -126,6 +126,9 @@ CASES = [
     (StoreCase("fp4_rope128_9", "fp4_main", 9, rope_dim=128), (1, 2), True, False),
     (StoreCase("fp8_rope128_half_9", "fp8_main", 9, interleaved=False, rope_dim=128), (1, 2), False, False),
     (StoreCase("bf16_rope32_half_5", "bf16", 5, interleaved=False, rope_dim=32), (2,), True, False),
+    # the Hadamard on 512-wide rows (amax_bf16x2 reads the words its last rounding leaves)
+    (StoreCase("fp8_had_9", "fp8_main", 9, hadamard=True), (1, 2), True, False),
+    (StoreCase("fp4_had_half_7", "fp4_main", 7, interleaved=False, hadamard=True), (2,), False, False),
     (StoreCase("idx_had_rope32_half_13", "fp4_index", 13, interleaved=False, hadamard=True, rope_dim=32),
      (1, 2), True, False),
 ]
