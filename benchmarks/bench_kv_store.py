@@ -9,7 +9,7 @@ FP4 index row's 4 scale bytes cover only part of a 32-byte sector, and with rand
 of that sector is written much later, after the sector has left L2 (a partial-sector write back).
 
 The default variant (v3) is reported with the previous one (v2) as peer ``v2`` and v3 with its options off
-as peer ``v3plain`` (``OPTION_PEERS``, at 5 CTAs per SM; the default turns weight_smem on, e2m1_bf16x2 for
+as peer ``v3plain`` (``PLAIN_ENV``, at 5 CTAs per SM; the default turns weight_smem on, e2m1_bf16x2 for
 FP4 index rows, scale_mul, inv_table, e2m1_noclamp for FP4 main rows, rope_spread for FP4 / FP8 main rows,
 amax_bf16x2 and rcp_norm for FP8 main rows). KV_STORE_SWEEP=1 also times v3's launch shapes in ``SWEEP``
 (chunks, rows per thread, min CTAs per SM, options) at 1M rows (KV_STORE_SWEEP=fp4_main,...: those formats
@@ -34,10 +34,9 @@ FORMATS = ((FP8_MAIN_KV_FORMAT, False), (FP4_MAIN_KV_FORMAT, False), (FP4_INDEX_
 ROWS_PER_BLOCK = 64
 MAX_POSITION = 8192
 TINY = 64  # at or below this many rows, time CUDA-graph replays (launch-bound)
-# peer v3plain: v3 with its options off, at the 5 CTAs per SM its registers were tuned for (at 6 CTAs per
-# SM it spills: 1M rows FP8 / FP4 main 925.9 / 665.9 us)
-OPTION_PEERS = {"fp8_main": "none", "fp4_main": "none", "fp4_index": "none", "bf16": "none"}
-PLAIN_ENV = {"KV_STORE_MIN_CTAS": 5}
+# peer v3plain (every format): v3 with its options off, at the 5 CTAs per SM its registers were tuned for
+# (at 6 CTAs per SM it spills: 1M rows FP8 / FP4 main 925.9 / 665.9 us)
+PLAIN_ENV = {"KV_STORE_V3_OPTIONS": "none", "KV_STORE_MIN_CTAS": 5}
 ORDERS = {1 << 20: ("paged", "rowperm")}  # slot orders per row count (default: paged only)
 
 
@@ -77,10 +76,9 @@ def run(h: Harness) -> None:
                 f"compile {fmt.name} rows{rows}", lambda: compiled(*args, **kw), timer)  # noqa: B023
             v2_us = timer(lambda: norm_rope_hadamard_cast_store(*args, **kw, variant="v2"))  # noqa: B023
             peers = {"v2": v2_us}
-            if fmt.name in OPTION_PEERS:
-                with _env(KV_STORE_V3_OPTIONS=OPTION_PEERS[fmt.name], **PLAIN_ENV):
-                    peers["v3plain"] = timer(
-                        lambda: norm_rope_hadamard_cast_store(*args, **kw, variant="v3"))  # noqa: B023
+            with _env(**PLAIN_ENV):
+                peers["v3plain"] = timer(
+                    lambda: norm_rope_hadamard_cast_store(*args, **kw, variant="v3"))  # noqa: B023
             nbytes = rows * fmt.dim * 2 + rows * fmt.row_bytes
             case = f"{fmt.name}_rows{rows}" + ("" if order == "paged" else f"_{order}")
             h.report(OP, case, nbytes, us, eager_us=eager_us, compile_us=compile_us,

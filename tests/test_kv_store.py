@@ -893,8 +893,8 @@ def test_build_sm90_v3_options(monkeypatch):
     inv_table reads 2 / sf from its table (no division left but the norm's), e2m1_noclamp votes;
     weight_smem stages FP32 weights in shared memory behind one barrier; rope_spread exchanges a row's
     rotated channels through shared memory between two __syncwarp; amax_bf16x2 takes a chunk's amax with
-    max.xorsign.abs.bf16x2; options off (or not applicable) leave the source without them. The norm's
-    reciprocal is rcp.rn (no division at all once the scale's is gone)."""
+    max.xorsign.abs.bf16x2; rcp_norm takes the norm's reciprocal as rcp.rn (with inv_table, no division
+    is left); options off (or not applicable) leave the source without them."""
     from tilelang_ops.build import compile_for_sm90
     from tilelang_ops.kv_store import (
         AMAX_PRELUDE,
@@ -1189,11 +1189,10 @@ def test_kernel_v3_chunks(fmt_name, interleaved, chunks, monkeypatch):
 def test_kernel_v3_options(fmt_name, options, interleaved, rpt, monkeypatch):
     """v3 with its options on (KV_STORE_V3_OPTIONS: e2m1_bf16x2 for FP4 index, scale_mul, inv_table and
     e2m1_noclamp for FP4 main, weight_smem and rcp_norm for all, rope_spread and amax_bf16x2 for main
-    rows) and off, rows
-    per thread forced, on a partial last CTA, a tiny launch, rows of tiny values (scales at the amax
-    floor) and, for FP4 main, rows whose amax / 6 lands just above subnormal e4m3 scales (|z| up to 9:
-    e2m1_noclamp's clamped encode): bitwise equal to the oracle (the options change instructions, not
-    bytes)."""
+    rows) and off, rows per thread forced, on a partial last CTA, a tiny launch, rows of tiny values
+    (scales at the amax floor) and, for FP4 main, rows whose amax / 6 lands just above subnormal e4m3
+    scales (|z| up to 9: e2m1_noclamp's clamped encode): bitwise equal to the oracle (the options change
+    instructions, not bytes)."""
     monkeypatch.setenv("KV_STORE_V3_OPTIONS", options)
     monkeypatch.setenv("KV_STORE_ROWS_PER_THREAD", str(rpt))
     index = fmt_name == "fp4_index"

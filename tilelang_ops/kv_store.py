@@ -225,6 +225,11 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         """An e4m3 scale's quotient before its rounding: RN(amax * RN(1/6)) with scale_mul, else amax / 6."""
         return T.ieee_mul(amax, _f32(1.0 / 6.0)) if scale_mul else T.ieee_fdiv(amax, _f32(6.0))
 
+    def reciprocal(v):
+        """The norm's RN(1 / v): rcp.rn with rcp_norm (the shorter sequence, no general division), else the
+        IEEE division."""
+        return T.ieee_frcp(v) if rcp_norm else T.ieee_fdiv(_f32(1.0), v)
+
     def make_encode_e2m1(clamp):
         @T.macro
         def encode(y, words, c, inv):
@@ -320,10 +325,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         ss = ps[0]
         for k in T.unroll(log_lanes):
             ss = ss + T.shfl_xor(ss, lanes >> (k + 1))  # a + b == b + a: every lane gets the same sum
-        if rcp_norm:  # RN(1 / s) either way; rcp.rn is the shorter sequence (no general division)
-            rstd = T.ieee_frcp(T.ieee_fsqrt(T.ieee_add(T.ieee_mul(ss, _f32(1.0 / dim)), eps)))
-        else:
-            rstd = T.ieee_fdiv(_f32(1.0), T.ieee_fsqrt(T.ieee_add(T.ieee_mul(ss, _f32(1.0 / dim)), eps)))
+        rstd = reciprocal(T.ieee_fsqrt(T.ieee_add(T.ieee_mul(ss, _f32(1.0 / dim)), eps)))
         if weight_in_shared:
             for c in T.unroll(C):
                 for v in T.unroll(VEC // 4):

@@ -32,7 +32,7 @@ def _kv_static(variant, fmt, hadamard, rows):
 def configs():
     import tilelang_ops.kv_store as K
     import tilelang_ops.topk as topk_mod
-    from benchmarks.bench_kv_store import FORMATS, OPTION_PEERS, PLAIN_ENV, ROWS, _env
+    from benchmarks.bench_kv_store import FORMATS, PLAIN_ENV, ROWS, _env
     from benchmarks.bench_topk import PEER_VARIANTS, SHAPES
 
     kv, tk = "tilelang_ops.kv_store", "tilelang_ops.topk"
@@ -41,9 +41,8 @@ def configs():
         for rows in ROWS:
             for variant in dict.fromkeys((K.VARIANT, "v2")):
                 out.append((kv, FACTORIES[variant], _kv_static(variant, fmt, hadamard, rows)))
-            if fmt.name in OPTION_PEERS:  # v3 with the peer's cast options
-                with _env(KV_STORE_V3_OPTIONS=OPTION_PEERS[fmt.name], **PLAIN_ENV):
-                    out.append((kv, FACTORIES["v3"], _kv_static("v3", fmt, hadamard, rows)))
+            with _env(**PLAIN_ENV):  # the v3plain peer
+                out.append((kv, FACTORIES["v3"], _kv_static("v3", fmt, hadamard, rows)))
     variants = dict.fromkeys((topk_mod.TOPK_VARIANT,) + PEER_VARIANTS)
 
     def topk_jit(static, v, b, n):  # what topk_mod._topk_jit compiles for b x n rows on the H200 (132 SMs)
