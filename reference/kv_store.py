@@ -308,30 +308,33 @@ def quantize_rows_torch(rows: torch.Tensor, fmt: KVCacheFormat) -> tuple[torch.T
 
 
 def store_stages_torch(kv, norm_weight, eps, cos, sin, positions, fmt, *, rope_dim=64, interleaved=True,
-                       hadamard=False):
+                       hadamard=False, hadamard_fn=None):
     """The compute part for every row: (norm stage bf16 [rows, dim], data, scales). Positions must be
-    valid for every row (callers clamp skipped rows' positions)."""
+    valid for every row (callers clamp skipped rows' positions). ``hadamard_fn`` (tests: a kernel's other
+    summation order) replaces ``hadamard_ref``."""
     y = rms_norm_torch(kv, norm_weight, eps)
     pos = positions.long()
     z = apply_rope_ref(y, cos[pos], sin[pos], rope_dim, interleaved)
     if hadamard:
-        z = hadamard_ref(z)
+        z = (hadamard_fn or hadamard_ref)(z)
     data, scales = quantize_rows_torch(z.float(), fmt)
     return y, data, scales
 
 
 def norm_rope_hadamard_cast_store_torch(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache,
                                         fmt, *, rope_dim=64, interleaved=True, hadamard=False,
-                                        out_norm=None) -> None:
+                                        out_norm=None, hadamard_fn=None) -> None:
     """Vectorized twin of the loop reference. Like the kernel, it skips (instead of raising on) rows
-    whose slot is beyond the cache or whose position is outside the table."""
+    whose slot is beyond the cache or whose position is outside the table. ``hadamard_fn``: see
+    ``store_stages_torch``."""
     geom = check_store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
                             rope_dim=rope_dim, interleaved=interleaved, hadamard=hadamard,
                             out_norm=out_norm)
     slots, pos = slot_mapping.long(), positions.long()
     valid = (slots >= 0) & (slots < geom.num_slots) & (pos >= 0) & (pos < geom.max_position)
     y, data, scales = store_stages_torch(kv, norm_weight, eps, cos, sin, torch.where(valid, pos, 0), fmt,
-                                         rope_dim=rope_dim, interleaved=interleaved, hadamard=hadamard)
+                                         rope_dim=rope_dim, interleaved=interleaved, hadamard=hadamard,
+                                         hadamard_fn=hadamard_fn)
     if out_norm is not None:
         out_norm.copy_(y)
     rpb, width = geom.rows_per_block, kv_cache.shape[1]

@@ -118,7 +118,8 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                    weight_in_registers: bool = False, fast: bool = False, chunks: int = 1,
                    e2m1_fma: bool = False, e2m1_bf16x2: bool = False, scale_mul: bool = False,
                    inv_table: bool = False, e2m1_noclamp: bool = False, weight_in_shared: bool = False,
-                   rope_spread: bool = False, amax_bf16x2: bool = False, rcp_norm: bool = False):
+                   rope_spread: bool = False, amax_bf16x2: bool = False, rcp_norm: bool = False,
+                   hadamard_mma: bool = False, pred_store: bool = False, rstd_first: bool = False):
     """The per-row pipeline as a ``@T.macro`` (see the module docstring for the lane layout).
 
     Macro arguments: ``x`` local FP32 [chunks * 16]: this lane's chunks of the BF16 input row, chunk
@@ -167,6 +168,17 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     halves) instead of 16 FP32 maxima: the same number (the cast input is BF16, a max picks one of them).
     ``rcp_norm`` (v3 option): the norm's 1 / sqrt(.) as rcp.rn instead of the IEEE division 1 / s (both
     RN(1 / s)).
+    ``hadamard_mma`` (v3 option, index rows with the Hadamard, 4 lanes a row; the kernel must declare
+    ``HMMA_PRELUDE``): the Hadamard's sums over 4 of the 7 index bits on the tensor cores (16 BF16 x +-1
+    products a sum, FP32 accumulate, no shuffles), the other 3 bits as FP32 butterflies in the lane. The
+    SPEC fixes no summation order; the sums may differ from the reference's butterflies by an ulp
+    (``tests.test_kv_store.hadamard_mma_model`` is the order; see the Hadamard stage).
+    ``pred_store`` (v3 option; the kernel must declare ``PRED_STORE_PRELUDE``): the cache stores as
+    predicated st.global (inline PTX) instead of a branch around them, so that a thread's R rows are one
+    basic block and ptxas may overlap one row's latencies with the next row's work.
+    ``rstd_first`` (with ``pred_store``): the caller computes every row's rstd with ``norm_rstd`` (returned
+    as ``row_store.norm_rstd``) before the first ``row_store`` and passes it in place of ``eps``: the IEEE
+    sqrt / division (branches to their slow paths) then come before the rows' work, which stays one block.
     """
     C = chunks
     dim = fmt.dim
@@ -183,6 +195,8 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     inv_table = inv_table and option_applies("inv_table", fmt)
     e2m1_noclamp = e2m1_noclamp and option_applies("e2m1_noclamp", fmt)
     amax_bf16x2 = amax_bf16x2 and option_applies("amax_bf16x2", fmt)
+    # the MMA layout: a row is one quad of the warp (4 lanes x 2 chunks of 16)
+    hadamard_mma = hadamard and hadamard_mma and option_applies("hadamard_mma", fmt) and lanes == 4 and C == 2
     assert not e2m1_noclamp or inv_table, "e2m1_noclamp tests the scale byte and amax / 6 of inv_table"
     assert not inv_table or e2m1_fma, "the table holds 2 / sf, the scale e2m1_fma multiplies by"
     if e2m1_bf16x2:
@@ -200,6 +214,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     # (a rope_dim whose pairs do not split evenly over the row's lanes, e.g. 48, keeps the chunk-wise RoPE)
     rope_spread = rope_spread and option_applies("rope_spread", fmt) and half >= lanes and half % lanes == 0
     assert not rope_spread or fast, "rope_spread is a v3 option"
+    pred_store = pred_store and fast and C > 1  # (v3's layouts)
     assert C in (1, 2, 4) and (C == 1 or (fast and lanes >= 2 and (interleaved or half // VEC < lanes))), \
         (C, lanes, fast)
 
@@ -256,6 +271,30 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     encode_e2m1_noclamp = make_encode_e2m1(False)
 
     @T.macro
+    def norm_rstd(x, out, idx, eps):
+        """out[idx] = 1 / sqrt(sum(x^2) / dim + eps) of the row in x (every lane of the row calls it)."""
+        ps = T.alloc_local([C], "float32")
+        ss = T.alloc_var("float32")
+        for c in T.unroll(C):
+            ps[c] = T.float32(0)
+            for i in T.unroll(VEC):
+                if fast:
+                    # exact product (BF16 x): an FFMA rounds like FMUL + FADD
+                    ps[c] = ps[c] + x[c * VEC + i] * x[c * VEC + i]
+                else:
+                    ps[c] = ps[c] + T.ieee_mul(x[c * VEC + i], x[c * VEC + i])  # no FMA (torch's x * x)
+        # pairwise halving at chunk distances >= lanes happens inside the lane (chunk c + C/2 is q + n/2)
+        if C == 4:
+            ps[0] = ps[0] + ps[2]
+            ps[1] = ps[1] + ps[3]
+        if C >= 2:
+            ps[0] = ps[0] + ps[1]
+        ss = ps[0]
+        for k in T.unroll(log_lanes):
+            ss = ss + T.shfl_xor(ss, lanes >> (k + 1))  # a + b == b + a: every lane gets the same sum
+        out[idx] = reciprocal(T.ieee_fsqrt(T.ieee_add(T.ieee_mul(ss, _f32(1.0 / dim)), eps)))
+
+    @T.macro
     def row_store(x, lane, weight, cos, sin, cache, out_norm, position, slot, row_ok, out_row, max_pos,
                   capacity, eps):
         wl = T.alloc_local([VEC], weight_dtype)
@@ -278,7 +317,6 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         packed = T.alloc_local([out_bytes], "uint8")
         ps = T.alloc_local([C], "float32")
         sbv = T.alloc_local([C], "uint8")
-        ss = T.alloc_var("float32")
         rstd = T.alloc_var("float32")
         amax = T.alloc_var("float32")
         sf = T.alloc_var("float32")
@@ -308,24 +346,12 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                         sn[c * VEC + j] = sin[pos, ((lane + c * lanes) % (half // VEC)) * VEC + j]
 
         # ---- RMSNorm: FP32 sum of squares in the contract's order, y = bf16(x * rstd * w)
-        for c in T.unroll(C):
-            ps[c] = T.float32(0)
-            for i in T.unroll(VEC):
-                if fast:
-                    # exact product (BF16 x): an FFMA rounds like FMUL + FADD
-                    ps[c] = ps[c] + x[c * VEC + i] * x[c * VEC + i]
-                else:
-                    ps[c] = ps[c] + T.ieee_mul(x[c * VEC + i], x[c * VEC + i])  # no FMA (torch's x * x)
-        # pairwise halving at chunk distances >= lanes happens inside the lane (chunk c + C/2 is q + n/2)
-        if C == 4:
-            ps[0] = ps[0] + ps[2]
-            ps[1] = ps[1] + ps[3]
-        if C >= 2:
-            ps[0] = ps[0] + ps[1]
-        ss = ps[0]
-        for k in T.unroll(log_lanes):
-            ss = ss + T.shfl_xor(ss, lanes >> (k + 1))  # a + b == b + a: every lane gets the same sum
-        rstd = reciprocal(T.ieee_fsqrt(T.ieee_add(T.ieee_mul(ss, _f32(1.0 / dim)), eps)))
+        if rstd_first:
+            rstd = eps  # the caller ran norm_rstd first: the eps argument is this row's rstd
+        else:
+            rinv = T.alloc_local([1], "float32")
+            norm_rstd(x, rinv, 0, eps)
+            rstd = rinv[0]
         if weight_in_shared:
             for c in T.unroll(C):
                 for v in T.unroll(VEC // 4):
@@ -404,7 +430,36 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
 
         # ---- Hadamard (H_n x) * n**-0.5: butterflies h = 1..8 inside a chunk, then across lanes, then
         # (chunks > 1) across this lane's chunks: ascending h, the reference's order
-        if hadamard:
+        if hadamard and hadamard_mma:
+            # Element e = 64 c + 16 lane + j of the row sits in this lane's chunk c at j; H_128's sign
+            # (-1)^popcount(e & f) factors over e's bits. mma.m16n8k16 (A: this row in MMA row g = the
+            # quad's index, rows g + 8 zero; B: H_16) sums over 4 bits: its k (and n) bits 0, 1-2, 3 are
+            # e's bits 0 (the BF16 pair), 4-5 (the lane: A's and D's column quad), 1 (a0 / a2 of A, the
+            # n-tile t of D), with the same sign (-1)^popcount(k & n), so B is H_16 as it stands. Tile a
+            # fixes e's bits 2, 3, 6 = a's bits 0, 1, 2 (pairs 2 (a & 3), + 1 of chunk a >> 2); D's d0, d1
+            # are elements j = 4 (a & 3) + 2 t + 0 / 1 of chunk a >> 2. The butterflies h = 4, 8, 16 over
+            # y then finish bits 2, 3, 6 (ascending, as the reference).
+            hw = T.view(yb, [C * VEC // 2], "uint32")
+            for a in T.unroll(8):
+                for t in T.unroll(2):
+                    T.call_extern("handle", "tl_kvs_h16_mma",
+                                  T.address_of(y[(a >> 2) * VEC + 4 * (a & 3) + 2 * t]),
+                                  hw[(a >> 2) * (VEC // 2) + 2 * (a & 3)],
+                                  hw[(a >> 2) * (VEC // 2) + 2 * (a & 3) + 1], t)
+            for s in T.unroll(3):
+                for q in T.unroll(C * VEC // 2):
+                    z[(q >> (s + 2)) * (8 << s) + (q & ((4 << s) - 1))] = (
+                        y[(q >> (s + 2)) * (8 << s) + (q & ((4 << s) - 1))]
+                        + y[(q >> (s + 2)) * (8 << s) + (q & ((4 << s) - 1)) + (4 << s)])
+                    z[(q >> (s + 2)) * (8 << s) + (q & ((4 << s) - 1)) + (4 << s)] = (
+                        y[(q >> (s + 2)) * (8 << s) + (q & ((4 << s) - 1))]
+                        - y[(q >> (s + 2)) * (8 << s) + (q & ((4 << s) - 1)) + (4 << s)])
+                for j in T.unroll(C * VEC):
+                    y[j] = z[j]
+            for j in T.unroll(C * VEC):
+                z[j] = T.ieee_mul(y[j], _f32(dim ** -0.5))
+            round_to_bf16(z, y, yb, 0, C)
+        elif hadamard:
             for c in T.unroll(C):
                 for s in T.unroll(4):
                     for q in T.unroll(VEC // 2):
@@ -610,7 +665,38 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                             packed[j] = codes[2 * j] | (codes[2 * j + 1] << T.uint8(4))
 
         # ---- store at the slot (bad slots / positions are skipped, never written out of bounds)
-        if row_ok and slot >= 0 and slot < capacity and position >= 0 and position < max_pos:
+        if pred_store:
+            # predicated stores (no branch): the row's address from slot 0 when it is not stored
+            ok = T.alloc_var("int32")  # one definition (the stores' predicates and the address)
+            ok = T.Cast("int32", row_ok and slot >= 0 and slot < capacity and position >= 0
+                        and position < max_pos)
+            pslot = T.if_then_else(ok != 0, slot, T.int64(0))
+            if fmt.block_sections:
+                pblk = (pslot // rows_per_block) * (rows_per_block * fmt.row_bytes)
+                pdata = pblk + (pslot % rows_per_block) * fmt.data_bytes
+                pscale = pblk + rows_per_block * fmt.data_bytes + (pslot % rows_per_block) * fmt.scale_bytes
+            else:
+                pdata = pslot * fmt.row_bytes
+                pscale = pslot * fmt.row_bytes + fmt.data_bytes
+            src32 = T.view({"bf16": yb, "e4m3": f8}.get(kind, words), [C * out_bytes // 4], "uint32")
+            for c in T.unroll(C):
+                for v in T.unroll(out_bytes // store_vec):
+                    # store_vec / 4 words (one st.global.v4 / v2 / b32)
+                    T.call_extern("handle", f"tl_kvs_st{store_vec}_if",
+                                  T.address_of(cache[pdata + (lane + c * lanes) * out_bytes + v * store_vec]),
+                                  *[src32[(c * out_bytes + v * store_vec) // 4 + i]
+                                    for i in range(store_vec // 4)],
+                                  ok)
+                if kind != "bf16":
+                    if lanes_per_group == 2:
+                        T.call_extern("handle", "tl_kvs_st1_if",
+                                      T.address_of(cache[pscale + (lane + c * lanes) // 2]),
+                                      sbv[c], ok & T.Cast("int32", lane % 2 == 0))
+                    else:
+                        T.call_extern("handle", "tl_kvs_st1_if",
+                                      T.address_of(cache[pscale + lane + c * lanes]),
+                                      sbv[c], ok)
+        elif row_ok and slot >= 0 and slot < capacity and position >= 0 and position < max_pos:
             if fmt.block_sections:
                 blk_base = (slot // rows_per_block) * (rows_per_block * fmt.row_bytes)
                 data_base = blk_base + (slot % rows_per_block) * fmt.data_bytes
@@ -643,6 +729,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                     else:
                         cache[scale_base + lane + c * lanes] = sbv[c] if C > 1 else sbyte
 
+    row_store.norm_rstd = norm_rstd
     return row_store
 
 @tilelang.jit
@@ -678,19 +765,45 @@ def kv_store_kernel_v3(fmt_name: str, rope_dim: int, interleaved: bool, hadamard
                        rows_per_thread: int = 1, chunks: int = 2, min_ctas: int = 0,
                        e2m1_bf16x2: bool = False, scale_mul: bool = False, inv_table: bool = False,
                        e2m1_noclamp: bool = False, weight_smem: bool = False, rope_spread: bool = False,
-                       amax_bf16x2: bool = False, rcp_norm: bool = False):
+                       amax_bf16x2: bool = False, rcp_norm: bool = False, hadamard_mma: bool = False,
+                       pred_store: bool = False, rstd_first: bool = False):
     """Variant v3: v2's arithmetic with ``chunks`` 16-element chunks per lane (``make_row_store``);
     ``min_ctas`` > 1 caps registers so that many CTAs fit an SM (``__launch_bounds__``).
     ``e2m1_bf16x2`` / ``scale_mul`` / ``inv_table`` / ``e2m1_noclamp``: the cast options of
     ``make_row_store``; ``weight_smem``: FP32 weights in shared memory (``_kv_store_prim``);
-    ``rope_spread``: RoPE spread over the row's lanes; ``amax_bf16x2`` / ``rcp_norm``: see
+    ``rope_spread``: RoPE spread over the row's lanes; ``amax_bf16x2`` / ``rcp_norm`` / ``hadamard_mma`` /
+    ``pred_store`` / ``rstd_first``: see
     ``make_row_store`` (False here; the wrapper passes ``V3_OPTIONS``; same bytes; formats they do not
     apply to ignore them)."""
     return _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block,
                           weight_dtype, pos_dtype, slot_dtype, rows_per_thread, fast=True, chunks=chunks,
                           e2m1_fma=True, min_ctas=min_ctas, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul,
                           inv_table=inv_table, e2m1_noclamp=e2m1_noclamp, weight_smem=weight_smem,
-                          rope_spread=rope_spread, amax_bf16x2=amax_bf16x2, rcp_norm=rcp_norm)
+                          rope_spread=rope_spread, amax_bf16x2=amax_bf16x2, rcp_norm=rcp_norm,
+                          hadamard_mma=hadamard_mma, pred_store=pred_store, rstd_first=rstd_first)
+
+
+# Device helpers of make_row_store(pred_store=True): st.global of 1 byte / 1, 2, 4 words under a predicate
+# (volatile: they have no outputs; no memory clobber: the kernel never reads what it stores).
+# tools/check_kv_store_emu.py swaps this text for a C++ emulation.
+PRED_STORE_PRELUDE = """
+__device__ __forceinline__ void tl_kvs_st1_if(unsigned char* p, unsigned char b, int ok) {
+  asm volatile("{.reg .pred q; setp.ne.s32 q, %2, 0; @q st.global.u8 [%0], %1;}"
+               :: "l"(p), "h"((unsigned short)b), "r"(ok));
+}
+__device__ __forceinline__ void tl_kvs_st4_if(unsigned char* p, unsigned a, int ok) {
+  asm volatile("{.reg .pred q; setp.ne.s32 q, %2, 0; @q st.global.b32 [%0], %1;}" :: "l"(p), "r"(a), "r"(ok));
+}
+__device__ __forceinline__ void tl_kvs_st8_if(unsigned char* p, unsigned a, unsigned b, int ok) {
+  asm volatile("{.reg .pred q; setp.ne.s32 q, %3, 0; @q st.global.v2.b32 [%0], {%1, %2};}"
+               :: "l"(p), "r"(a), "r"(b), "r"(ok));
+}
+__device__ __forceinline__ void tl_kvs_st16_if(unsigned char* p, unsigned a, unsigned b, unsigned c,
+                                               unsigned d, int ok) {
+  asm volatile("{.reg .pred q; setp.ne.s32 q, %5, 0; @q st.global.v4.b32 [%0], {%1, %2, %3, %4};}"
+               :: "l"(p), "r"(a), "r"(b), "r"(c), "r"(d), "r"(ok));
+}
+"""
 
 
 # Device helper of make_row_store(amax_bf16x2=True): max(|a|, |b|) per BF16 half, the sign a ^ b (one
@@ -717,6 +830,27 @@ __device__ __forceinline__ unsigned tl_kvs_bf16x2_fma(unsigned a, unsigned b, un
 __device__ __forceinline__ unsigned tl_kvs_bf16x2_max(unsigned a, unsigned b) {
   __nv_bfloat162 r = __hmax2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
   return *reinterpret_cast<unsigned*>(&r);
+}
+"""
+
+
+# Device helper of make_row_store(hadamard_mma=True): d[0], d[1] = row g (= lane / 4) of A H_16's n-tile t,
+# A = [rows g: a0 (k = 2 (lane % 4) + 0 / 1), a2 (k + 8); rows g + 8: 0] (mma.sync.m16n8k16, BF16 in, FP32
+# accumulate from 0). B's fragment (k = 2 (lane % 4) + 0 / 1 and + 8, n = g + 8 t) is H_16 = (-1)^popc(k & n)
+# as BF16 +-1, built from the lane (nvcc hoists it out of the row loop). Warp-collective: every lane calls it
+# with the same t. tools/check_kv_store_emu.py swaps this text for a C++ emulation.
+HMMA_PRELUDE = """
+__device__ __forceinline__ unsigned tl_kvs_h16_b(unsigned k, unsigned n) {
+  return (0x3F80u | ((__popc(k & n) & 1u) << 15)) | ((0x3F80u | ((__popc((k + 1u) & n) & 1u) << 15)) << 16);
+}
+__device__ __forceinline__ void tl_kvs_h16_mma(float* d, unsigned a0, unsigned a2, int t) {
+  unsigned lane = threadIdx.x & 31u, n = (lane >> 2) + 8u * (unsigned)t, k = 2u * (lane & 3u);
+  unsigned b0 = tl_kvs_h16_b(k, n), b1 = tl_kvs_h16_b(k + 8u, n);
+  float d2, d3;
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %5}, {%7, %8}, "
+      "{%9, %9, %9, %9};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d2), "=f"(d3)
+      : "r"(a0), "r"(0u), "r"(a2), "r"(b0), "r"(b1), "f"(0.0f));
 }
 """
 
@@ -749,7 +883,8 @@ INV_E4M3_PRELUDE = inv_e4m3_prelude()
 def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows_per_block, weight_dtype,
                    pos_dtype, slot_dtype, rows_per_thread, fast, chunks=1, e2m1_fma=False, min_ctas=0,
                    e2m1_bf16x2=False, scale_mul=False, inv_table=False, e2m1_noclamp=False,
-                   weight_smem=False, rope_spread=False, amax_bf16x2=False, rcp_norm=False):
+                   weight_smem=False, rope_spread=False, amax_bf16x2=False, rcp_norm=False,
+                   hadamard_mma=False, pred_store=False, rstd_first=False):
     """``rows_per_thread`` (R): each thread stores R rows, ``rows_per_cta`` apart, so a CTA covers
     R * rows_per_cta consecutive rows; all R rows' loads are issued before the first row's math
     (R times the bytes in flight) and the lane's weights are loaded and converted once. ``chunks`` (C):
@@ -771,11 +906,15 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
                                weight_in_shared=weight_smem, rope_spread=rope_spread,
                                e2m1_fma=e2m1_fma, e2m1_bf16x2=e2m1_bf16x2, scale_mul=scale_mul,
                                inv_table=inv_table, e2m1_noclamp=e2m1_noclamp, amax_bf16x2=amax_bf16x2,
-                               rcp_norm=rcp_norm)
+                               rcp_norm=rcp_norm, hadamard_mma=hadamard_mma, pred_store=pred_store,
+                               rstd_first=rstd_first)
     # the helpers are declared only where they are called (other kernels' sources stay as they were)
     prelude = "".join(text for on, name, text in ((e2m1_bf16x2, "e2m1_bf16x2", BF16X2_PRELUDE),
                                                   (inv_table, "inv_table", INV_E4M3_PRELUDE),
-                                                  (amax_bf16x2, "amax_bf16x2", AMAX_PRELUDE))
+                                                  (amax_bf16x2, "amax_bf16x2", AMAX_PRELUDE),
+                                                  (hadamard_mma and hadamard, "hadamard_mma", HMMA_PRELUDE),
+                                                  (pred_store and chunks > 1, "pred_store",
+                                                   PRED_STORE_PRELUDE))
                       if on and option_applies(name, fmt)) or None
     rows, norm_rows, max_pos = T.dynamic("rows, norm_rows, max_pos")
     cache_bytes = T.dynamic("cache_bytes", "int64")
@@ -802,13 +941,21 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
         """Widen row group g's loaded rows and run the row pipeline on each (``weights``: the lane's FP32
         weights in registers, or with ``weight_smem`` the CTA's shared copy)."""
         xw = T.view(xb, [R * C * VEC // 2], "uint32")  # BF16 pairs widen with one shift / one mask
+        if rstd_first:  # every row's rstd (the branchy IEEE sqrt / division) before the rows' work
+            rs = T.alloc_local([R], "float32")
+            for k in T.unroll(R):
+                for i in T.unroll(C * VEC // 2):
+                    x[2 * i] = T.reinterpret(xw[k * C * VEC // 2 + i] << T.uint32(16), "float32")
+                    x[2 * i + 1] = T.reinterpret(xw[k * C * VEC // 2 + i] & T.uint32(0xFFFF0000), "float32")
+                row_store.norm_rstd(x, rs, k, eps)
         for k in T.unroll(R):
             for i in T.unroll(C * VEC // 2):
                 x[2 * i] = T.reinterpret(xw[k * C * VEC // 2 + i] << T.uint32(16), "float32")
                 x[2 * i + 1] = T.reinterpret(xw[k * C * VEC // 2 + i] & T.uint32(0xFFFF0000), "float32")
             row_store(x, lane, weights, cos, sin, cache, out_norm, posv[k], slotv[k],
                       (g * R + k) * rows_per_cta + tx // lanes < rows,
-                      T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1), max_pos, capacity, eps)
+                      T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1), max_pos, capacity,
+                      rs[k] if rstd_first else eps)
 
     @T.prim_func
     def kernel(
@@ -878,7 +1025,9 @@ CHUNKS = {"fp8_main": 2, "fp4_main": 2, "fp4_index": 2, "bf16": 2}
 # FP8 main rows (session 18): 1M rows 458.0 us at 5 -> 437.4 at 6 with rope_spread (0.87 of the copy
 # roofline; 6 without it 463.6, 7 with it 445.9), and with amax_bf16x2 and rcp_norm too at 7: 426.3-428.0
 # (0.90; GPU-tested at 7). BF16 stays at 5 (6 with rope_spread 566.6, without 613.2, against 565.6).
-MIN_CTAS_V3 = {"fp8_main": 7, "fp4_main": 6, "fp4_index": 5, "bf16": 5}
+# FP4 index rows with hadamard_mma and pred_store (session 19) run best at 4 (122 registers, no spill): 1M
+# rows 151.2 us at 4, 154.2 at 3; R = 4 at 4 / 3: 168.4 / 165.3.
+MIN_CTAS_V3 = {"fp8_main": 7, "fp4_main": 6, "fp4_index": 4, "bf16": 5}
 # Tried on the H200 and dropped: CTA bx prefetching into L2 (prefetch.global.L2) the rows of CTA bx + one /
 # two waves (SMs x MIN_CTAS_V3 CTAs); at 1M rows, us without -> one wave / two waves: fp8 538 -> 541 / 690,
 # fp4 500 -> 505 / 577, fp4 index 180 -> 184 / 187, bf16 581 -> 632 / 779.
@@ -907,18 +1056,36 @@ MIN_CTAS_V3 = {"fp8_main": 7, "fp4_main": 6, "fp4_index": 5, "bf16": 5}
 #   fp4 index: 160.2 -> rcp_norm 159.9; bf16: 565.6 -> rcp_norm 576.6
 # so only FP8 main rows take them (both, at 7 CTAs per SM); the register allocation and schedule nvcc
 # lands on moves these kernels by more than the instructions saved.
+# hadamard_mma, pred_store and rstd_first (session 19). hadamard_mma (FP4 index rows): the Hadamard's sums
+# over 4 of its 7 index bits on the tensor cores (SASS per thread, R = 2: 1992 -> 1688; the bytes may differ
+# from the reference's by the issue's one-step tolerance: none on randn rows, 18 of 67M bytes on rows spread
+# over 24 binades). pred_store: predicated stores instead of a branch around them; rstd_first: both rows' norm
+# reciprocals (IEEE sqrt / division, which branch to slow paths) first. With both, nothing splits a thread's
+# two rows into separate basic blocks and ptxas interleaves them (SASS, FP4 index). 1M rows, us, two H200
+# runs (each line timed twice):
+#   fp4 index (R = 2): defaults at 5 160.1 / 160.9; hadamard_mma at 5 156.4, at 4 154.6 / 156.5; + pred_store
+#     at 4 151.2 (+ rstd_first 151.7 / 151.3, at 5 159.0, at 6 200.6 (spills)); pred_store alone at 4 163.0
+#   fp4 main at 6: defaults 438.5 / 439.0; pred_store 434.6 / 436.6 / 436.5 (+ rcp_norm 439.7, + amax_bf16x2
+#     450.5; at 7 463.5); pred_store + rstd_first 450.1 (at 5 462.2)
+#   fp8 main at 7: 426.4 / 427.6; pred_store 459.0 (at 6 440.1), + rstd_first 460.9 (at 6 437.9)
+#   bf16 at 5: 565.4 / 569.6; pred_store 576.1 (at 4 609.7), + rstd_first 574.3 (at 4 570.0)
+# so FP4 index rows take hadamard_mma + pred_store (at 4 CTAs per SM), FP4 main rows pred_store; rstd_first
+# stays an option (it bought nothing on top of pred_store).
 # KV_STORE_V3_OPTIONS="e2m1_bf16x2,scale_mul" or "none" overrides this table for every format (the
 # benchmark's peer and sweep, the GPU tests). An option that does not apply to a format is dropped.
 # MIN_CTAS_V3 is tuned for these defaults: other options want their own KV_STORE_MIN_CTAS (FP8 main at 7
 # without amax_bf16x2 + rcp_norm: 446-469 us, worse than 6; the benchmark's v3plain peer runs at 5).
 V3_OPTION_NAMES = ("e2m1_bf16x2", "scale_mul", "inv_table", "e2m1_noclamp", "weight_smem", "rope_spread",
-                   "amax_bf16x2", "rcp_norm")
+                   "amax_bf16x2", "rcp_norm", "hadamard_mma", "pred_store", "rstd_first")
 V3_OPTIONS = {"fp8_main": ("weight_smem", "rope_spread", "amax_bf16x2", "rcp_norm"),
-              "fp4_main": ("scale_mul", "inv_table", "e2m1_noclamp", "weight_smem", "rope_spread"),
-              "fp4_index": ("e2m1_bf16x2", "weight_smem"), "bf16": ("weight_smem",)}
+              "fp4_main": ("scale_mul", "inv_table", "e2m1_noclamp", "weight_smem", "rope_spread",
+                           "pred_store"),
+              "fp4_index": ("e2m1_bf16x2", "weight_smem", "hadamard_mma", "pred_store"),
+              "bf16": ("weight_smem",)}
 _OPTION_APPLIES = {"e2m1_bf16x2": ("e2m1", "ue8m0"), "scale_mul": ("e2m1", "e4m3"),
                    "inv_table": ("e2m1", "e4m3"), "e2m1_noclamp": ("e2m1", "e4m3"), "weight_smem": None,
-                   "rope_spread": "main", "amax_bf16x2": "main_cast", "rcp_norm": None}
+                   "rope_spread": "main", "amax_bf16x2": "main_cast", "rcp_norm": None,
+                   "hadamard_mma": ("e2m1", "ue8m0"), "pred_store": None, "rstd_first": None}
 
 
 def option_applies(name: str, fmt: KVCacheFormat) -> bool:
@@ -945,6 +1112,17 @@ def v3_options(fmt: KVCacheFormat, names: tuple | None = None) -> tuple:
         raise ValueError(f"kv_store v3 option e2m1_noclamp needs inv_table, got {sorted(names)}")
     flags = tuple(n in names and option_applies(n, fmt) for n in V3_OPTION_NAMES)
     return flags if any(flags) else ()
+
+
+def uses_hadamard_mma(variant: str, fmt: KVCacheFormat, hadamard: bool, rope_dim: int = 64,
+                      interleaved: bool = True, names: tuple | None = None) -> bool:
+    """Whether the kernel for this call sums the Hadamard on the tensor cores (v3 with ``hadamard_mma``
+    among its options, ``names`` as in ``v3_options``, and two chunks per lane), i.e. in the order of
+    ``tests.test_kv_store.hadamard_mma_model`` instead of the reference's butterflies."""
+    if variant != "v3" or not hadamard or chunks_for(variant, fmt, rope_dim, interleaved) != 2:
+        return False
+    flags = v3_options(fmt, names)
+    return bool(flags) and flags[V3_OPTION_NAMES.index("hadamard_mma")]
 
 
 def chunks_for(variant: str, fmt: KVCacheFormat, rope_dim: int = 64, interleaved: bool = True) -> int:

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 import tilelang_ops.kv_store as K  # noqa: E402
 from reference.kv_store import norm_rope_hadamard_cast_store_ref, norm_rope_hadamard_cast_store_torch  # noqa: E402
-from tests.test_kv_store import StoreCase, make_inputs  # noqa: E402
+from tests.test_kv_store import StoreCase, hadamard_mma_model, make_inputs  # noqa: E402
 from tilelang_ops.build import compile_for_sm90  # noqa: E402
 from tools.cuda_emu import WORK, Emu  # noqa: E402
 
@@ -81,6 +81,32 @@ inline uint tl_kvs_bf16x2_maxabs(uint a, uint b) {
   return r; }
 """
 
+# kv_store.HMMA_PRELUDE's mma.m16n8k16 (A's rows g + 8 zero, B = H_16): the lanes publish a0 / a2, each
+# lane sums its row's 16 products exactly (double) and rounds once to FP32 (tests' hadamard_mma_model)
+EMU_HMMA_PRELUDE = r"""
+inline void tl_kvs_h16_mma(float* d, uint a0, uint a2, int t) {
+  Warp* w = t_warp; int lane = threadIdx.x & 31, g = lane >> 2, l = lane & 3;
+  w->slot[lane] = (uint64_t)a0 | ((uint64_t)a2 << 32); w->bar->arrive_and_wait();
+  double s[2] = {0.0, 0.0};
+  for (int k = 0; k < 16; ++k) {
+    uint64_t v = w->slot[4 * g + ((k & 7) >> 1)];
+    uint word = (k & 8) ? (uint)(v >> 32) : (uint)v;
+    uint u = ((k & 1) ? word >> 16 : word & 0xFFFFu) << 16; float x; memcpy(&x, &u, 4);
+    for (int e = 0; e < 2; ++e) s[e] += (__builtin_popcount(k & (2 * l + e + 8 * t)) & 1) ? -(double)x : (double)x;
+  }
+  w->bar->arrive_and_wait();
+  d[0] = (float)s[0]; d[1] = (float)s[1]; }
+"""
+
+# kv_store.PRED_STORE_PRELUDE's predicated stores
+EMU_PRED_STORE_PRELUDE = r"""
+inline void tl_kvs_st1_if(uchar* p, uchar b, int ok) { if (ok) *p = b; }
+inline void tl_kvs_st4_if(uchar* p, uint a, int ok) { if (ok) memcpy(p, &a, 4); }
+inline void tl_kvs_st8_if(uchar* p, uint a, uint b, int ok) { uint v[2] = {a, b}; if (ok) memcpy(p, v, 8); }
+inline void tl_kvs_st16_if(uchar* p, uint a, uint b, uint c, uint d, int ok) {
+  uint v[4] = {a, b, c, d}; if (ok) memcpy(p, v, 16); }
+"""
+
 _emus = {}
 
 
@@ -95,6 +121,10 @@ def emu_for(variant, static, edit=None):
             src = src.replace(K.BF16X2_PRELUDE, EMU_PRELUDE)
         if K.AMAX_PRELUDE in src:
             src = src.replace(K.AMAX_PRELUDE, EMU_AMAX_PRELUDE)
+        if K.PRED_STORE_PRELUDE in src:
+            src = src.replace(K.PRED_STORE_PRELUDE, EMU_PRED_STORE_PRELUDE)
+        if K.HMMA_PRELUDE in src:
+            src = src.replace(K.HMMA_PRELUDE, EMU_HMMA_PRELUDE)
         if K.INV_E4M3_PRELUDE in src:
             src = src.replace(K.INV_E4M3_PRELUDE, K.inv_e4m3_prelude(device=False))
         _emus[k] = Emu(src)
@@ -179,13 +209,27 @@ def run_emu(variant, case, R, has_norm, data, edit=None, order="forward"):
     return cache, (out_norm if has_norm else None)
 
 
-def oracle(case, has_norm, data, loop):
+def hadamard_fn(variant, case):
+    """The Hadamard order of ``variant``'s kernel on ``case`` (every kernel must equal its own order
+    bitwise here; the tolerance between the orders is the GPU tests' business)."""
+    fmt = K._FORMATS[case.fmt]
+    names = OPTIONS.get(variant, K.V3_OPTIONS[fmt.name] if variant == "v3" else ())
+    use = K.uses_hadamard_mma(KERNEL.get(variant, variant), fmt, case.hadamard, case.rope_dim, case.interleaved,
+                              names)
+    return hadamard_mma_model if use else None
+
+
+def oracle(case, has_norm, data, loop, had=None):
     fmt, kv, w, cos, sin, pos, slots, cache = data
     cache = cache.clone()
     out_norm = torch.full((case.rows, fmt.dim), 7.0, dtype=torch.bfloat16) if has_norm else None
-    f = norm_rope_hadamard_cast_store_ref if loop else norm_rope_hadamard_cast_store_torch
-    f(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=case.rope_dim, interleaved=case.interleaved,
-      hadamard=case.hadamard, out_norm=out_norm)
+    if loop:
+        norm_rope_hadamard_cast_store_ref(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=case.rope_dim,
+                                          interleaved=case.interleaved, hadamard=case.hadamard, out_norm=out_norm)
+    else:
+        norm_rope_hadamard_cast_store_torch(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=case.rope_dim,
+                                            interleaved=case.interleaved, hadamard=case.hadamard,
+                                            out_norm=out_norm, hadamard_fn=had)
     return cache, out_norm
 
 
@@ -196,7 +240,7 @@ def ndiff(a, b):
 
 
 MUTATIONS = {  # generated-source edits (first occurrence) that must make the kernel disagree
-    "rstd_scaled": ("rstd = __f", "rstd = 1.001f * __f"),  # __fdiv_rn(1, s) or (rcp_norm) __frcp_rn(s)
+    "rstd_scaled": ("__fsqrt_rn(", "1.001f * __fsqrt_rn("),  # the norm's sqrt (its only one)
     "bad_position_stored": ("(position < ((int64_t)max_pos))", "true"),
 }
 # v3opt's cast (case index in CASES, edit): a broken encode, scale or packing must be caught
@@ -210,6 +254,10 @@ OPTION_MUTATIONS = {
     "scale_mul_constant": (4, ("(uint)1042983595;", "(uint)1042983594;")),  # RN(1/6) - 1 ulp
     "inv_table_index": (4, ("inv = tl_kvs_inv_e4m3(((uint)sbyte));", "inv = tl_kvs_inv_e4m3(((uint)sbyte) + 1u);")),
     "noclamp_always": (14, ("if (__all_sync((uint)4294967295,", "if (1 | __all_sync((uint)4294967295,")),
+    # hadamard_mma: A's two k halves swapped; D's n-tiles stored in each other's place
+    "hmma_a_halves": (7, ("yw[(((a >> 2) * 8) + ((a & 3) * 2))], yw[((((a >> 2) * 8) + ((a & 3) * 2)) + 1)]",
+                          "yw[((((a >> 2) * 8) + ((a & 3) * 2)) + 1)], yw[(((a >> 2) * 8) + ((a & 3) * 2))]")),
+    "hmma_n_tiles": (7, ("+ (t * 2))])), yw", "+ ((1 - t) * 2))])), yw")),
     "amax_bf16x2_odd_half": (4, ("a16 & (uint)4294901760", "(uint)0")),  # the odd elements' maximum dropped
     "amax_bf16x2_last_word": (0, ("tl_kvs_bf16x2_maxabs(a16, yw[(((c_5 * 8) + j_8) + 1)])",
                                   "tl_kvs_bf16x2_maxabs(a16, yw[((c_5 * 8) + j_8)])")),
@@ -255,9 +303,11 @@ def main():
             if not applies(v, case):
                 continue
             for R in Rs:
+                had = hadamard_fn(v, case)
+                want_v = want if had is None else oracle(case, has_norm, data, loop=False, had=had)
                 for order in ("forward", "reverse"):
                     got = run_emu(v, case, R, has_norm, data, order=order)
-                    d = [ndiff(a, b) for a, b in zip(got, want)]
+                    d = [ndiff(a, b) for a, b in zip(got, want_v)]
                     bad_total += sum(d)
                     line.append(f"{v} R={R} {order[0]}: {d}")
         print(" | ".join(line), f"{time.time() - t0:.1f}s", flush=True)
@@ -280,7 +330,7 @@ def main():
             for name, (ci, edit) in OPTION_MUTATIONS.items():
                 case, Rs, has_norm, bad = CASES[ci]
                 data = inputs(case, bad)
-                want = oracle(case, has_norm, data, loop=False)
+                want = oracle(case, has_norm, data, loop=False, had=hadamard_fn(v, case))
                 got = run_emu(v, case, Rs[0], has_norm, data, edit=edit)
                 d = [ndiff(a, b) for a, b in zip(got, want)]
                 missed += not any(d)
