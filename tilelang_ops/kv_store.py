@@ -11,7 +11,8 @@ store), 8 packed FP4 bytes (8-byte store) or 32 BF16 bytes (two 16-byte stores);
 
 Arithmetic matches ``reference.kv_store`` operation by operation: RoPE products/sums and the scale
 divisions use IEEE round-to-nearest intrinsics so nvcc cannot contract them into FMAs; the Hadamard
-butterflies run in the reference's order (h = 1, 2, 4, ... with lo + hi / lo - hi); FP32 constants are
+butterflies run in the reference's order (h = 1, 2, 4, ... with lo + hi / lo - hi; except with v3's
+``hadamard_mma``, on by default for FP4 index rows: see ``make_row_store``); FP32 constants are
 built from their bit patterns. The RMS sum of squares runs in the contract's fixed order
 (``reference.kv_store.rms_sum_of_squares``): each lane sums its 16 products left to right, then the
 xor-butterfly shuffles 16, 8, 4, 2, 1 (index rows: 4, 2, 1) are exactly the reference's pairwise
@@ -45,13 +46,15 @@ v3's cast options (``V3_OPTIONS``, on by default since their H200 run; ``make_ro
 BF16 row, 1272 -> 1096 SASS per thread at R = 1, no stack; ``scale_mul`` for FP4 main rows: amax * RN(1/6)
 instead of amax / 6, 1736 -> 1680 at R = 2; both 96 registers at ``MIN_CTAS_V3``) keep the bytes (CPU
 emulation and the GPU tests bitwise) and save time at 1M rows: fp4 index 198.8 -> 179.5 us, fp4 main
-517.3 -> 499.8 us. Later options (same bytes; ``V3_OPTIONS``): ``inv_table`` and ``e2m1_noclamp`` (FP4 main's
-scale reciprocal from a table, the e2m1 clamp skipped where it cannot bind), ``weight_smem`` (FP32 weights
-staged in shared memory once per CTA, every format) and ``rope_spread`` (a main row's RoPE spread over all of
-its lanes through shared memory), ``amax_bf16x2`` (a chunk's amax from its packed BF16 words) and
-``rcp_norm`` (the norm's reciprocal as rcp.rn); with the defaults (``V3_OPTIONS``, ``MIN_CTAS_V3``) 1M
-rows take fp8 427 us (0.90 of the copy roofline), fp4 main 437 (0.74), fp4 index 159 (0.50, two rows per
-thread), bf16 569 (0.89).
+517.3 -> 499.8 us. Later options (same bytes unless noted; ``V3_OPTIONS``): ``inv_table`` and ``e2m1_noclamp``
+(FP4 main's scale reciprocal from a table, the e2m1 clamp skipped where it cannot bind), ``weight_smem`` (FP32
+weights staged in shared memory once per CTA, every format) and ``rope_spread`` (a main row's RoPE spread over
+all of its lanes through shared memory), ``amax_bf16x2`` (a chunk's amax from its packed BF16 words) and
+``rcp_norm`` (the norm's reciprocal as rcp.rn), ``hadamard_mma`` (FP4 index rows: 4 of the Hadamard's 7 levels
+on the tensor cores; the one option that may move a byte, by one step, within the issue's tolerance) and
+``pred_store`` (predicated stores); with the defaults (``V3_OPTIONS``, ``MIN_CTAS_V3``) 1M rows take fp8 427
+us (0.90 of the copy roofline), fp4 main 435 (0.747), fp4 index 150 (0.54, two rows per thread), bf16 569
+(0.89).
 "v2" is v1 with fewer SASS instructions (``make_row_store(fast=True)``): the sum of squares as FFMAs
 (x is BF16-valued, so x*x is exact in FP32 and ``ss + x*x`` rounds once either way; only products
 below 2^-126, |x| < 2^-63, are inexact as FMULs, which can matter only when eps ~ 0 and a whole
