@@ -1074,6 +1074,9 @@ MIN_CTAS_V3 = {"fp8_main": 7, "fp4_main": 6, "fp4_index": 4, "bf16": 5}
 #   bf16 at 5: 565.4 / 569.6; pred_store 576.1 (at 4 609.7), + rstd_first 574.3 (at 4 570.0)
 # so FP4 index rows take hadamard_mma + pred_store (at 4 CTAs per SM), FP4 main rows pred_store; rstd_first
 # stays an option (it bought nothing on top of pred_store).
+# Tried and dropped (session 19): every row's cos / sin loaded right after the rows (before any row's work)
+# instead of at the start of its own row: bitwise on the GPU, slower everywhere (registers): 1M rows, us,
+# fp4 main 435.8 -> 448.0, fp4 index 150.9 -> 153.2, fp8 427.3 -> 468.0, bf16 569.7 -> 615.3.
 # KV_STORE_V3_OPTIONS="e2m1_bf16x2,scale_mul" or "none" overrides this table for every format (the
 # benchmark's peer and sweep, the GPU tests). An option that does not apply to a format is dropped.
 # MIN_CTAS_V3 is tuned for these defaults: other options want their own KV_STORE_MIN_CTAS (FP8 main at 7
