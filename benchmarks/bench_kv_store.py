@@ -106,10 +106,8 @@ SWEEP = {"fp8_main": ((2, 2, 7, _FP8_OPTS + _A + _R), (2, 2, 7, _FP8_OPTS + _A +
                       (2, 2, 6, _FP4_MAIN_OPTS + _S + _R),
                       (2, 2, 6, _FP4_MAIN_OPTS + _S + _A), (2, 2, 7, _FP4_MAIN_OPTS + _S),
                       (2, 2, 6, _FP4_MAIN_OPTS + _S)),
-         "fp4_index": ((2, 2, 5, _IDX_OPTS), (2, 2, 4, _IDX_OPTS + _M), (2, 2, 4, _IDX_OPTS + _M + _S),
-                       (2, 2, 4, _IDX_OPTS + _M + _S + _F), (2, 2, 3, _IDX_OPTS + _M + _S),
-                       (2, 4, 4, _IDX_OPTS + _M + _S), (2, 4, 3, _IDX_OPTS + _M + _S),
-                       (2, 2, 4, _IDX_OPTS + _S)),
+         "fp4_index": ((2, 2, 5, _IDX_OPTS), (2, 2, 4, _IDX_OPTS + _M + _S), (2, 2, 5, _IDX_OPTS + _M + _S),
+                       (2, 2, 4, _IDX_OPTS + _M + _S + _F), (2, 2, 4, _IDX_OPTS + _M + _S)),
          "bf16": ((2, 2, 5, "weight_smem"), (2, 2, 5, "weight_smem" + _S), (2, 2, 4, "weight_smem" + _S))}
 
 

@@ -84,18 +84,22 @@ inline uint tl_kvs_bf16x2_maxabs(uint a, uint b) {
 # kv_store.HMMA_PRELUDE's mma.m16n8k16 (A's rows g + 8 zero, B = H_16): the lanes publish a0 / a2, each
 # lane sums its row's 16 products exactly (double) and rounds once to FP32 (tests' hadamard_mma_model)
 EMU_HMMA_PRELUDE = r"""
-inline void tl_kvs_h16_mma(float* d, uint a0, uint a2, int t) {
+inline void tl_kvs_h16_mma(float* d, float* e, uint a0, uint a1, uint a2, uint a3, int t) {
   Warp* w = t_warp; int lane = threadIdx.x & 31, g = lane >> 2, l = lane & 3;
+  uint64_t lo[32], hi[32];  // lane i: (a0, a2) = row g's k pairs, (a1, a3) = row g + 8's
   w->slot[lane] = (uint64_t)a0 | ((uint64_t)a2 << 32); w->bar->arrive_and_wait();
-  double s[2] = {0.0, 0.0};
-  for (int k = 0; k < 16; ++k) {
-    uint64_t v = w->slot[4 * g + ((k & 7) >> 1)];
-    uint word = (k & 8) ? (uint)(v >> 32) : (uint)v;
-    uint u = ((k & 1) ? word >> 16 : word & 0xFFFFu) << 16; float x; memcpy(&x, &u, 4);
-    for (int e = 0; e < 2; ++e) s[e] += (__builtin_popcount(k & (2 * l + e + 8 * t)) & 1) ? -(double)x : (double)x;
-  }
-  w->bar->arrive_and_wait();
-  d[0] = (float)s[0]; d[1] = (float)s[1]; }
+  memcpy(lo, w->slot, sizeof lo); w->bar->arrive_and_wait();
+  w->slot[lane] = (uint64_t)a1 | ((uint64_t)a3 << 32); w->bar->arrive_and_wait();
+  memcpy(hi, w->slot, sizeof hi); w->bar->arrive_and_wait();
+  double s[2][2] = {{0.0, 0.0}, {0.0, 0.0}};
+  for (int r = 0; r < 2; ++r)
+    for (int k = 0; k < 16; ++k) {
+      uint64_t v = (r ? hi : lo)[4 * g + ((k & 7) >> 1)];
+      uint word = (k & 8) ? (uint)(v >> 32) : (uint)v;
+      uint u = ((k & 1) ? word >> 16 : word & 0xFFFFu) << 16; float x; memcpy(&x, &u, 4);
+      for (int c = 0; c < 2; ++c) s[r][c] += (__builtin_popcount(k & (2 * l + c + 8 * t)) & 1) ? -(double)x : (double)x;
+    }
+  d[0] = (float)s[0][0]; d[1] = (float)s[0][1]; e[0] = (float)s[1][0]; e[1] = (float)s[1][1]; }
 """
 
 # kv_store.PRED_STORE_PRELUDE's predicated stores
@@ -213,7 +217,7 @@ def hadamard_fn(variant, case):
     """The Hadamard order of ``variant``'s kernel on ``case`` (every kernel must equal its own order
     bitwise here; the tolerance between the orders is the GPU tests' business)."""
     fmt = K._FORMATS[case.fmt]
-    names = OPTIONS.get(variant, K.V3_OPTIONS[fmt.name] if variant == "v3" else ())
+    names = OPTIONS.get(variant)  # None (v3): the defaults or KV_STORE_V3_OPTIONS, as K.static_args reads them
     use = K.uses_hadamard_mma(KERNEL.get(variant, variant), fmt, case.hadamard, case.rope_dim, case.interleaved,
                               names)
     return hadamard_mma_model if use else None
@@ -254,10 +258,12 @@ OPTION_MUTATIONS = {
     "scale_mul_constant": (4, ("(uint)1042983595;", "(uint)1042983594;")),  # RN(1/6) - 1 ulp
     "inv_table_index": (4, ("inv = tl_kvs_inv_e4m3(((uint)sbyte));", "inv = tl_kvs_inv_e4m3(((uint)sbyte) + 1u);")),
     "noclamp_always": (14, ("if (__all_sync((uint)4294967295,", "if (1 | __all_sync((uint)4294967295,")),
-    # hadamard_mma: A's two k halves swapped; D's n-tiles stored in each other's place
-    "hmma_a_halves": (7, ("yw[(((a >> 2) * 8) + ((a & 3) * 2))], yw[((((a >> 2) * 8) + ((a & 3) * 2)) + 1)]",
-                          "yw[((((a >> 2) * 8) + ((a & 3) * 2)) + 1)], yw[(((a >> 2) * 8) + ((a & 3) * 2))]")),
-    "hmma_n_tiles": (7, ("+ (t * 2))])), yw", "+ ((1 - t) * 2))])), yw")),
+    # hadamard_mma: A's two k halves swapped; the chunks' MMA rows swapped; D's n-tiles in each other's place
+    "hmma_a_halves": (7, ("yw[(a * 2)], yw[((a * 2) + 8)], yw[((a * 2) + 1)], yw[((a * 2) + 9)]",
+                          "yw[((a * 2) + 1)], yw[((a * 2) + 8)], yw[(a * 2)], yw[((a * 2) + 9)]")),
+    "hmma_chunk_rows": (7, ("yw[(a * 2)], yw[((a * 2) + 8)], yw[((a * 2) + 1)], yw[((a * 2) + 9)]",
+                            "yw[((a * 2) + 8)], yw[(a * 2)], yw[((a * 2) + 9)], yw[((a * 2) + 1)]")),
+    "hmma_n_tiles": (7, ("(&(y[((a * 4) + (t * 2))]))", "(&(y[((a * 4) + ((1 - t) * 2))]))")),
     "amax_bf16x2_odd_half": (4, ("a16 & (uint)4294901760", "(uint)0")),  # the odd elements' maximum dropped
     "amax_bf16x2_last_word": (0, ("tl_kvs_bf16x2_maxabs(a16, yw[(((c_5 * 8) + j_8) + 1)])",
                                   "tl_kvs_bf16x2_maxabs(a16, yw[((c_5 * 8) + j_8)])")),
