@@ -203,8 +203,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     inv_table = inv_table and option_applies("inv_table", fmt)
     e2m1_noclamp = e2m1_noclamp and option_applies("e2m1_noclamp", fmt)
     amax_bf16x2 = amax_bf16x2 and option_applies("amax_bf16x2", fmt)
-    # the MMA layout: a row is one quad of the warp (4 lanes x 2 chunks of 16)
-    hadamard_mma = hadamard and hadamard_mma and option_applies("hadamard_mma", fmt) and lanes == 4 and C == 2
+    hadamard_mma = hadamard and hadamard_mma and hadamard_mma_fits(fmt, C)
     assert not e2m1_noclamp or inv_table, "e2m1_noclamp tests the scale byte and amax / 6 of inv_table"
     assert not inv_table or e2m1_fma, "the table holds 2 / sf, the scale e2m1_fma multiplies by"
     if e2m1_bf16x2:
@@ -238,6 +237,15 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         for j in T.unroll(nc * VEC // 2):
             y[c0 * VEC + 2 * j] = T.reinterpret(pk[c0 * VEC // 2 + j] << T.uint32(16), "float32")
             y[c0 * VEC + 2 * j + 1] = T.reinterpret(pk[c0 * VEC // 2 + j] & T.uint32(0xFFFF0000), "float32")
+
+    def slot_bases(s):
+        """(data, scale) byte offsets of slot s's row in the flat cache (SPEC 2: per-row formats keep the
+        scales after the row's data, block-section formats after the block's rows)."""
+        if fmt.block_sections:
+            blk = (s // rows_per_block) * (rows_per_block * fmt.row_bytes)
+            return (blk + (s % rows_per_block) * fmt.data_bytes,
+                    blk + rows_per_block * fmt.data_bytes + (s % rows_per_block) * fmt.scale_bytes)
+        return s * fmt.row_bytes, s * fmt.row_bytes + fmt.data_bytes
 
     def rope_pair_channels(p):
         """rope_spread: the channels (less rope0) of RoPE pair p, a and b: (2p, 2p + 1) interleaved, (p, p +
@@ -464,9 +472,6 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                         - y[(q >> (s + 2)) * (8 << s) + (q & ((4 << s) - 1)) + (4 << s)])
                 for j in T.unroll(C * VEC):
                     y[j] = z[j]
-            for j in T.unroll(C * VEC):
-                z[j] = T.ieee_mul(y[j], _f32(dim ** -0.5))
-            round_to_bf16(z, y, yb, 0, C)
         elif hadamard:
             for c in T.unroll(C):
                 for s in T.unroll(4):
@@ -498,6 +503,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                             - y[((q >> s) * (2 << s) + (q & ((1 << s) - 1)) + (1 << s)) * VEC + j])
                 for j in T.unroll(C * VEC):
                     y[j] = z[j]
+        if hadamard:  # either form: times the FP32 constant n**-0.5, then BF16
             for j in T.unroll(C * VEC):
                 z[j] = T.ieee_mul(y[j], _f32(dim ** -0.5))
             round_to_bf16(z, y, yb, 0, C)
@@ -679,13 +685,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
             ok = T.Cast("int32", row_ok and slot >= 0 and slot < capacity and position >= 0
                         and position < max_pos)
             pslot = T.if_then_else(ok != 0, slot, T.int64(0))
-            if fmt.block_sections:
-                pblk = (pslot // rows_per_block) * (rows_per_block * fmt.row_bytes)
-                pdata = pblk + (pslot % rows_per_block) * fmt.data_bytes
-                pscale = pblk + rows_per_block * fmt.data_bytes + (pslot % rows_per_block) * fmt.scale_bytes
-            else:
-                pdata = pslot * fmt.row_bytes
-                pscale = pslot * fmt.row_bytes + fmt.data_bytes
+            pdata, pscale = slot_bases(pslot)
             src32 = T.view({"bf16": yb, "e4m3": f8}.get(kind, words), [C * out_bytes // 4], "uint32")
             for c in T.unroll(C):
                 for v in T.unroll(out_bytes // store_vec):
@@ -705,14 +705,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                                       T.address_of(cache[pscale + lane + c * lanes]),
                                       sbv[c], ok)
         elif row_ok and slot >= 0 and slot < capacity and position >= 0 and position < max_pos:
-            if fmt.block_sections:
-                blk_base = (slot // rows_per_block) * (rows_per_block * fmt.row_bytes)
-                data_base = blk_base + (slot % rows_per_block) * fmt.data_bytes
-                scale_base = (blk_base + rows_per_block * fmt.data_bytes
-                              + (slot % rows_per_block) * fmt.scale_bytes)
-            else:
-                data_base = slot * fmt.row_bytes
-                scale_base = slot * fmt.row_bytes + fmt.data_bytes
+            data_base, scale_base = slot_bases(slot)
             for c in T.unroll(C):
                 if fast:
                     if kind == "bf16":
@@ -921,7 +914,8 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
     prelude = "".join(text for on, name, text in ((e2m1_bf16x2, "e2m1_bf16x2", BF16X2_PRELUDE),
                                                   (inv_table, "inv_table", INV_E4M3_PRELUDE),
                                                   (amax_bf16x2, "amax_bf16x2", AMAX_PRELUDE),
-                                                  (hadamard_mma and hadamard, "hadamard_mma", HMMA_PRELUDE),
+                                                  (hadamard_mma and hadamard and hadamard_mma_fits(fmt, C),
+                                                   "hadamard_mma", HMMA_PRELUDE),
                                                   (pred_store and chunks > 1, "pred_store",
                                                    PRED_STORE_PRELUDE))
                       if on and option_applies(name, fmt)) or None
@@ -945,22 +939,25 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
             slotv[k] = T.Cast("int64", slots[T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1)])
 
     @T.macro
+    def widen_row(xw, x, k):
+        """x = float(row k of the loaded rows) (BF16 pairs widen with one shift / one mask)."""
+        for i in T.unroll(C * VEC // 2):
+            x[2 * i] = T.reinterpret(xw[k * C * VEC // 2 + i] << T.uint32(16), "float32")
+            x[2 * i + 1] = T.reinterpret(xw[k * C * VEC // 2 + i] & T.uint32(0xFFFF0000), "float32")
+
+    @T.macro
     def store_rows(xb, x, weights, posv, slotv, g, tx, lane, rows, cos, sin, cache, out_norm, max_pos,
                    capacity, eps):
         """Widen row group g's loaded rows and run the row pipeline on each (``weights``: the lane's FP32
         weights in registers, or with ``weight_smem`` the CTA's shared copy)."""
-        xw = T.view(xb, [R * C * VEC // 2], "uint32")  # BF16 pairs widen with one shift / one mask
+        xw = T.view(xb, [R * C * VEC // 2], "uint32")
         if rstd_first:  # every row's rstd (the branchy IEEE sqrt / division) before the rows' work
             rs = T.alloc_local([R], "float32")
             for k in T.unroll(R):
-                for i in T.unroll(C * VEC // 2):
-                    x[2 * i] = T.reinterpret(xw[k * C * VEC // 2 + i] << T.uint32(16), "float32")
-                    x[2 * i + 1] = T.reinterpret(xw[k * C * VEC // 2 + i] & T.uint32(0xFFFF0000), "float32")
+                widen_row(xw, x, k)
                 row_store.norm_rstd(x, rs, k, eps)
         for k in T.unroll(R):
-            for i in T.unroll(C * VEC // 2):
-                x[2 * i] = T.reinterpret(xw[k * C * VEC // 2 + i] << T.uint32(16), "float32")
-                x[2 * i + 1] = T.reinterpret(xw[k * C * VEC // 2 + i] & T.uint32(0xFFFF0000), "float32")
+            widen_row(xw, x, k)
             row_store(x, lane, weights, cos, sin, cache, out_norm, posv[k], slotv[k],
                       (g * R + k) * rows_per_cta + tx // lanes < rows,
                       T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1), max_pos, capacity,
@@ -1130,6 +1127,12 @@ def v3_options(fmt: KVCacheFormat, names: tuple | None = None) -> tuple:
     return flags if any(flags) else ()
 
 
+def hadamard_mma_fits(fmt: KVCacheFormat, chunks: int) -> bool:
+    """Whether v3's ``hadamard_mma`` layout holds: index rows (the option's format) with a row on one quad of
+    the warp, 4 lanes x 2 chunks of 16."""
+    return option_applies("hadamard_mma", fmt) and chunks == 2 and fmt.dim // VEC // chunks == 4
+
+
 def uses_hadamard_mma(variant: str, fmt: KVCacheFormat, hadamard: bool, rope_dim: int = 64,
                       interleaved: bool = True, names: tuple | None = None) -> bool:
     """Whether the kernel for this call sums the Hadamard on the tensor cores (v3 with ``hadamard_mma``
@@ -1137,7 +1140,8 @@ def uses_hadamard_mma(variant: str, fmt: KVCacheFormat, hadamard: bool, rope_dim
     ``tests.test_kv_store.hadamard_mma_model`` (approximately) instead of the reference's butterflies.
     ``variant`` None: the module's ``VARIANT``."""
     variant = VARIANT if variant is None else variant
-    if variant != "v3" or not hadamard or chunks_for(variant, fmt, rope_dim, interleaved) != 2:
+    if variant != "v3" or not hadamard or not hadamard_mma_fits(fmt, chunks_for(variant, fmt, rope_dim,
+                                                                                 interleaved)):
         return False
     flags = v3_options(fmt, names)
     return bool(flags) and flags[V3_OPTION_NAMES.index("hadamard_mma")]
