@@ -574,6 +574,8 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # ahead of the compaction read, the first P tiles before the sample; randn, us for P = 0 / 2 / 4 / 8:
 # b128n131072 46.0 / 49.0 / 49.5 / 53.5, b64n32768 22.7 / 23.6 / 24.1 / 24.1, b1n65536 26.9 / 27.9 /
 # 28.1 / 28.2, b64n8192 (one tile, no compaction) 19.6 / 19.9 (concentrated scores: the same picture).
+# Its bulk form (cp.async.bulk.prefetch.L2, one instruction per warp and tile, P = 4; session 21, on the
+# per-lane mask compaction): b128n131072 36.4 -> 41.1, b64n32768 16.5 -> 18.3, b1n65536 17.1 -> 17.6.
 # Also dropped: reading the compaction's first tile into registers together with the sample (so its
 # latency passes during the sample's histogram): GPU-tested, but slower (us, randn: b128n131072 42.2 ->
 # 43.1, b64n32768 21.2 -> 21.9, b1n65536 24.1 -> 24.8, v1 peers unchanged).
@@ -927,7 +929,6 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             kmin = T.alloc_var("uint32")
             kmax = T.alloc_var("uint32")
             lt = T.alloc_var("uint32")
-            dm = T.alloc_var("uint32")
             c = T.alloc_var("int32")
             incl = T.alloc_local([1], "int32")  # a warp_scan result
             tmp = T.alloc_var("int32")
@@ -949,7 +950,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             xf = T.alloc_var("float32")
             wd = T.alloc_var("uint32")
             wt = T.alloc_var("uint32")
-            nd = T.alloc_var("uint32")
+            mb = T.alloc_var("uint32")  # a lane's candidates of a compaction tile, bit u for strip u
 
             base = T.Cast("int64", row) * ld
             lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)  # lanes below mine
@@ -1080,19 +1081,20 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     # One read of the row: the keys >= thr (key, index) in any order, counted exactly
                     # (slots beyond `cap` are not written), with their min and max. The test is one
                     # float compare, exact: key(x) >= thr <=> not (x < tf) (true for NaN), with tf the
-                    # float of the smallest key >= thr (-inf below the -inf key); the ballot collects
-                    # the complement (x < tf: TVM would turn not (x < tf) into tf <= x, false for NaN),
-                    # and the LOP3s that use it invert it for free. Above the +inf key
+                    # float of the smallest key >= thr (-inf below the -inf key); the test is written
+                    # as a select on the complement (x < tf: TVM would turn not (x < tf) into tf <= x,
+                    # false for NaN). Above the +inf key
                     # (only NaN qualifies) tf is +inf, so the +inf entries come too: a superset, which
                     # is safe for the sampled bound (compact 1: the list is then the keys >= key(+inf),
                     # and only its count and [min, max] are used); compact 2's lo never lies there (a
-                    # radix pass turns such an lo into the NaN key, which ends the search). Per strip
-                    # only a ballot (kept in inl[]); the warp's candidates of a tile get their slots
-                    # from one counter add, and only strips with a candidate store (warp-uniform
-                    # branches), raw bits: a pass over the list after the loop turns them into keys and
-                    # takes [min, max] (the loop keys only what overflows), which costs one list entry
-                    # per thread instead of a key and a min / max per strip. When a tile's candidates
-                    # all fit (always but near the capacity) the stores are predicated, no branches.
+                    # radix pass turns such an lo into the NaN key, which ends the search). A lane's
+                    # candidates of a tile are one bit mask; a warp scan of their counts and one counter
+                    # add per warp and tile give each its slot, and the lane stores them in turn
+                    # (predicated), raw bits: a pass over the list after the loop turns them into keys
+                    # and takes [min, max] (the loop keys only what overflows), which costs one list
+                    # entry per thread instead of a key and a min / max per strip. (Before: a ballot per
+                    # strip and a warp-uniform branch around each strip's stores, 166 SASS instructions
+                    # per warp and tile on 128 x 131072, k = 2048.)
                     if tx == 0:
                         s_cnt[0] = 0
                     kmin = KEY_MAX
@@ -1123,49 +1125,50 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                 kn[u] = raw(scores, base + lin(it + 1, u, tx))
                         else:
                             load_tile(scores, kn, base, it + 1, t_end, tx)
-                        wsum = 0
+                        # mb: my candidates of the tile as bits (bit u: strip u); the warp's scan of their
+                        # counts places them, one counter add per warp and tile reserves the room
+                        mb = ZERO
                         if (it + 1) * TL <= t_end:
                             for u in T.unroll(UNROLL):
                                 xf = T.reinterpret(kb[u], "float32")
-                                inl[u] = T.ballot_sync(xf < tf)
-                                wsum = wsum + (32 - T.Cast("int32", T.popcount(T.Cast("uint32", inl[u]))))
+                                mb = mb | (T.if_then_else(xf < tf, ZERO, T.uint32(1)) << T.uint32(u))
                         else:
                             for u in T.unroll(UNROLL):
-                                i = lin(it, u, tx)
                                 xf = T.reinterpret(kb[u], "float32")
-                                inl[u] = T.ballot_sync(T.Or(i >= t_end, xf < tf))
-                                wsum = wsum + (32 - T.Cast("int32", T.popcount(T.Cast("uint32", inl[u]))))
-                        if wsum != 0:  # warp-uniform: one counter add per warp and tile
+                                mb = mb | (T.if_then_else(T.Or(lin(it, u, tx) >= t_end, xf < tf), ZERO,
+                                                          T.uint32(1)) << T.uint32(u))
+                        c = T.Cast("int32", T.popcount(mb))
+                        incl[0] = c
+                        for o in (1, 2, 4, 8, 16):
+                            tmp = T.shfl_up(incl[0], o)
+                            incl[0] = incl[0] + T.if_then_else(lane >= o, tmp, 0)
+                        wsum = T.shfl_sync(incl[0], 31)
+                        if wsum != 0:  # warp-uniform
                             if lane == 0:
                                 # plain CUDA atomicAdd: a shared-memory ATOMS (tilelang's AtomicAddRet
                                 # goes through a device-scope atomic_ref: a generic ATOM)
                                 slot = T.call_extern("int32", "atomicAdd", T.address_of(s_cnt[0]), wsum)
                             slot = T.shfl_sync(slot, 0)
+                            pos = slot + incl[0] - c  # my first slot
                             if slot + wsum <= cap:  # warp-uniform: no overflow check per entry
                                 for u in T.unroll(UNROLL):
-                                    nd = T.Cast("uint32", inl[u])  # the lanes that are not candidates
-                                    if nd != KEY_MAX:  # warp-uniform
-                                        pos = slot + T.Cast("int32", T.popcount(~nd & lt))
-                                        if (~nd & (lt + T.uint32(1))) != ZERO:
-                                            s_ck[pos] = kb[u]
-                                            s_ci[pos] = lin(it, u, tx)
-                                        slot = slot + (32 - T.Cast("int32", T.popcount(nd)))
+                                    if ((mb >> T.uint32(u)) & T.uint32(1)) != ZERO:
+                                        s_ck[pos] = kb[u]
+                                        s_ci[pos] = lin(it, u, tx)
+                                        pos = pos + 1
                             else:
                                 for u in T.unroll(UNROLL):
-                                    dm = ~T.Cast("uint32", inl[u])
-                                    if dm != ZERO:  # warp-uniform
-                                        if ((dm >> T.Cast("uint32", lane)) & T.uint32(1)) != ZERO:
-                                            # the raw bits go to the list (keyed after the loop, with the
-                                            # list's min / max); only a key beyond `cap` is keyed here
-                                            pos = slot + T.Cast("int32", T.popcount(dm & lt))
-                                            if pos < cap:
-                                                s_ck[pos] = kb[u]
-                                                s_ci[pos] = lin(it, u, tx)
-                                            else:
-                                                kx = _key(kb[u])
-                                                kmin = T.min(kmin, kx)
-                                                kmax = T.max(kmax, kx)
-                                        slot = slot + T.Cast("int32", T.popcount(dm))
+                                    if ((mb >> T.uint32(u)) & T.uint32(1)) != ZERO:
+                                        # the raw bits go to the list (keyed after the loop, with the list's
+                                        # min / max); only a key beyond `cap` is keyed here
+                                        if pos < cap:
+                                            s_ck[pos] = kb[u]
+                                            s_ci[pos] = lin(it, u, tx)
+                                        else:
+                                            kx = _key(kb[u])
+                                            kmin = T.min(kmin, kx)
+                                            kmax = T.max(kmax, kx)
+                                        pos = pos + 1
                     T.sync_threads()
                     m = s_cnt[0]
                     # the stored raw bits become keys; [min, max] over them and the overflow keys
