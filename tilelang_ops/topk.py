@@ -577,9 +577,9 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # Its bulk form (cp.async.bulk.prefetch.L2, one instruction per warp and tile, P = 4; session 21, on the
 # per-lane mask compaction): b128n131072 36.4 -> 41.1, b64n32768 16.5 -> 18.3, b1n65536 17.1 -> 17.6.
 # Also dropped (session 21): FP32 rows of the 32768 tier copied whole into shared memory (128 KiB, 4-byte
-# cp.async of each thread's own entries, issued before the sample, one cp.async.wait_all before the compaction,
-# which then read shared memory): GPU-exact (test_topk 300 passed) but b64n32768 16.5 -> 18.8 us (equal 18.7 ->
-# 20.9): the sample's loads queue behind the row's copies, and the sample gates the compaction anyway.
+# cp.async of each thread's own entries, issued before the sample, one cp.async.wait_all before the
+# compaction, which then read shared memory): GPU-exact (test_topk 300 passed) but b64n32768 16.5 -> 18.8 us
+# (equal 18.7 -> 20.9): the sample's loads queue behind the row's copies, and the sample gates the compaction.
 # Also dropped: reading the compaction's first tile into registers together with the sample (so its
 # latency passes during the sample's histogram): GPU-tested, but slower (us, randn: b128n131072 42.2 ->
 # 43.1, b64n32768 21.2 -> 21.9, b1n65536 24.1 -> 24.8, v1 peers unchanged).
