@@ -813,14 +813,19 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
 
     @T.macro
-    def warp_scan(c, incl, s_scan, lane, warp):
-        """incl[0] = the warp's inclusive prefix sum of the int32 c; the last lane publishes the warp's
-        total to s_scan[0, warp] (read after a barrier)."""
+    def warp_incl(c, incl, lane):
+        """incl[0] = the warp's inclusive prefix sum of the int32 c."""
         tmp = T.alloc_var("int32")
         incl[0] = c
         for o in (1, 2, 4, 8, 16):
             tmp = T.shfl_up(incl[0], o)
             incl[0] = incl[0] + T.if_then_else(lane >= o, tmp, 0)
+
+    @T.macro
+    def warp_scan(c, incl, s_scan, lane, warp):
+        """warp_incl, and the last lane publishes the warp's total to s_scan[0, warp] (read after a
+        barrier)."""
+        warp_incl(c, incl, lane)
         if lane == 31:
             s_scan[0, warp] = incl[0]
 
@@ -1142,10 +1147,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                 mb = mb | (T.if_then_else(T.Or(lin(it, u, tx) >= t_end, xf < tf), ZERO,
                                                           T.uint32(1)) << T.uint32(u))
                         c = T.Cast("int32", T.popcount(mb))
-                        incl[0] = c
-                        for o in (1, 2, 4, 8, 16):
-                            tmp = T.shfl_up(incl[0], o)
-                            incl[0] = incl[0] + T.if_then_else(lane >= o, tmp, 0)
+                        warp_incl(c, incl, lane)
                         wsum = T.shfl_sync(incl[0], 31)
                         if wsum != 0:  # warp-uniform
                             if lane == 0:
