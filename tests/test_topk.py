@@ -510,10 +510,11 @@ def test_wrappers_reject_cpu_tensors_and_bad_args():
 def test_build_sm90():
     from tilelang_ops.topk import TOPK_VARIANT, build_all
 
-    # each code path of the default variant, the uncached tier of the other (all: `make diff`)
+    # each code path of the default variant (its uncached tier as the streaming kernel), the uncached tier
+    # of the other (all: `make diff`)
     built = build_all(quick=True)
     assert f"topk_to_slots fp32 cand16 Bc64 {TOPK_VARIANT}" in built
-    assert all(f"topk fp32 uncached {v}" in built for v in ("v1", "v3"))
+    assert "topk fp32 uncached v1" in built and "topk fp32 uncached stream" in built
     assert "topk fp32 cache32768 threads512" in built
     assert "topk warp bf16 int64+offset" in built
 
@@ -751,6 +752,24 @@ def test_gpu_topk_threads_exact(case, threads, monkeypatch):
     _check_gpu_case(case, tk.topk, f" threads {threads}")
 
 
+# v3's streaming reads (evict-first loads in the compaction, see STREAM_PRELUDE), forced on every launch of
+# uncached rows in one CTA each (the wrapper: such launches that read half the L2 or more, e.g. 128 x 131072
+# FP32); the uncached cases above.
+@requires_cuda
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=case_id)
+def test_gpu_topk_stream_exact(case, monkeypatch):
+    import tilelang_ops.topk as tk
+
+    monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
+    monkeypatch.setattr(tk, "MAX_SPLIT", 1)
+    monkeypatch.setattr(tk, "STREAM_L2_FRACTION", 0.0)
+    if tk._cache_cap(case.n) != 0:
+        pytest.skip("rows of the cached tiers: the wrapper never streams them")
+    launch = tk._launch(case.b, case.n, torch.device("cuda"), 2 if case.dtype == "bf16" else 4)
+    assert launch == {"split": 1, "threads": tk.THREADS, "stream": True}
+    _check_gpu_case(case, tk.topk, " stream")
+
+
 @requires_cuda
 @pytest.mark.parametrize("split, threads", [(1, 1024), (2, 1024), (1, 256), (1, 32)])
 def test_gpu_topk_to_slots_launch(split, threads, monkeypatch):
@@ -809,6 +828,16 @@ def test_v3_launch_choice():
     assert _v3_launch(4096, 4097, 132) == {"split": 1, "threads": 1024}  # the 32768 tier
     assert _v3_launch(4096, 65536, 132) == {"split": 1, "threads": 1024}
     assert _v3_launch(1, 65536, 132) == {"split": 8, "threads": 1024}
+    # streaming reads where one CTA per row compacts sampled rows and the launch reads half the L2 or more
+    l2 = 60 << 20
+    assert _v3_launch(128, 131072, 132, 4, l2) == {"split": 1, "threads": 1024, "stream": True}
+    assert _v3_launch(128, 131072, 132, 2, l2) == {"split": 1, "threads": 1024, "stream": True}  # 32 MiB
+    assert _v3_launch(64, 131072, 132, 2, l2) == {"split": 1, "threads": 1024}  # 16 MiB
+    assert _v3_launch(64, 32768, 132, 4, l2) == {"split": 1, "threads": 1024}  # 8 MiB
+    assert _v3_launch(1024, 32768, 132, 4, l2) == {"split": 1, "threads": 1024}  # the 32768 tier never
+    assert _v3_launch(1, 1 << 24, 132, 4, l2) == {"split": 8, "threads": 1024}  # split rows never stream
+    assert _v3_launch(16384, 8192, 132, 4, l2) == {"split": 1, "threads": 1024}  # one tile: no compaction
+    assert _v3_launch(128, 131072, 132, 4, 0) == {"split": 1, "threads": 1024}  # no L2 size known
     # the default launch keeps the factory's default arguments (and so its cache key)
     static = ("float32", "int32", "int32", 0, False, False, -1, float("-inf"), "topk", 0, 1)
     assert _jit_args(*static, "v3") == ("topk_kernel_v3", static)
@@ -816,6 +845,7 @@ def test_v3_launch_choice():
     assert _jit_args(*static, "v3", threads=256) == ("topk_kernel_v3", static + (1, 256))
     assert _jit_args(*static, "v3", threads=32) == ("topk_kernel_warp", static[:3] + static[4:])  # no tier
     assert _jit_args(*static, "v1") == ("topk_kernel", static + ("v1",))
+    assert _jit_args(*static, "v3", stream=True) == ("topk_kernel_v3", static + (1, 1024, True))
 
 
 def test_topk_variant_names():

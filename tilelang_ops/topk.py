@@ -54,6 +54,8 @@ short rows and a cluster of CTAs for a few long ones, see the last bullets), exa
   W_CACHE entries the keys the first pass kept in shared memory, and batching its shuffles, votes and
   adds), then the ordered pass with ballots. 4096 x 1000, k = 512: 93 -> 38 us; 4096 x 2048: 115 -> 69
   us on the H200.
+* v3 on launches of long (uncached) rows that read at least half the L2: the compaction's reads past its
+  first tile use the L2 evict-first policy (see STREAM_PRELUDE): 128 x 131072: 36.3 -> 33.4 us.
 * Lanes [min(k, end), k) get the fills; `end` is clamped to [0, n] in the kernel so a bad `end` can
   never read outside the row (the value check runs under TILELANG_OPS_DEBUG=1).
 """
@@ -652,6 +654,39 @@ __device__ __forceinline__ unsigned tl_topk_cluster_wait() {
   return 0u;
 }
 """
+# Streaming reads (`stream`, a static argument of topk_kernel_v3; the wrapper sets it for unsplit rows of
+# the uncached tier when the launch reads at least STREAM_L2_FRACTION of the L2, see _v3_launch): the
+# compaction loads every tile but its first with ld.global.nc.L1::no_allocate.L2::cache_hint under an L2
+# evict-first policy (createpolicy), so the row's lines, read once, are the next victims in their L2 sets
+# instead of the lines already there. The first tile keeps the default policy (all-equal rows re-read it in
+# the ordered pass), and so does the sample (the compaction reads its lines again). The benchmark's L2
+# flush (a 256 MiB zero_) leaves the L2 full of dirty lines, which the default policy evicts: write-backs
+# that compete with the row's read (a serving step leaves other kernels' outputs there the same way).
+# Found by timing 128 x 131072 after the flush with and without one launch on other data in between (which
+# pays those write-backs): 36.3 -> 31.7 us; at 64 x 8192 (2 MiB) 13.7 -> 13.4.
+# H200, us, default -> streaming (randn / equal rows): 128 x 131072 FP32 (64 MiB) 36.3 -> 33.4 / 38.9 ->
+# 39.0, BF16 (32 MiB) 35.3 -> 34.1 / 42.7 -> 41.9; 64 x 131072 FP32 (32 MiB) 28.9 -> 28.5 / 37.1 -> 37.5;
+# 256 x 65536 (64 MiB) 45.7 -> 43.8 / 48.7 -> 48.9; but 48 x 131072 (24 MiB) 27.5 -> 28.2, and the 32768
+# tier loses at any size: 64 x 32768 (8 MiB) 16.6 -> 16.9, 1024 x 32768 (128 MiB) 110.3 -> 110.6 / 124.9 ->
+# 126.6 (split rows, 1 x 65536: 17.1 -> 17.5-17.9). Variants on 128 x 131072 (randn / equal): ld.global.cs
+# on every row read 33.7 / 40.5, the policy on every row read 34.0 / 40.4 (and with the 256-byte L2
+# prefetch 34.4 / 41.2), on every compaction tile 33.4 / 39.7.
+STREAM_PRELUDE = """
+template <typename Tp> __device__ __forceinline__ unsigned tl_topk_ld_stream(const Tp* p) {
+  unsigned long long pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  if constexpr (sizeof(Tp) == 4) {
+    unsigned r;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.b32 %0, [%1], %2;" : "=r"(r) : "l"(p), "l"(pol));
+    return r;
+  } else {
+    unsigned short r;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.b16 %0, [%1], %2;" : "=h"(r) : "l"(p), "l"(pol));
+    return ((unsigned)r) << 16;
+  }
+}
+"""
+STREAM_L2_FRACTION = 0.5
 MAX_SPLIT = 8  # CTAs per split row at most (the wrapper's choice: see _v3_split)
 
 
@@ -727,9 +762,11 @@ def _ordered_classes(kb, inl, ws, nu, lo, hi, cnt, kk, lt):
 def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: str = "int32",
                    cache_cap: int = 0, with_values: bool = True, with_offset: bool = False,
                    idx_fill: int = -1, val_fill: float = float("-inf"), mode: str = "topk",
-                   cand_bs: int = 0, block_c: int = 1, split: int = 1, threads: int = THREADS):
+                   cand_bs: int = 0, block_c: int = 1, split: int = 1, threads: int = THREADS,
+                   stream: bool = False):
     """Variant v3 of `topk_kernel` (same arguments but the variant, plus `split`: CTAs per row, a cluster
-    when > 1, see CLUSTER_PRELUDE; and `threads` per CTA: fewer for many short rows, see _v3_threads)."""
+    when > 1, see CLUSTER_PRELUDE; `threads` per CTA: fewer for many short rows, see _v3_threads; and
+    `stream`: the compaction reads the row with the L2 evict-first policy, see STREAM_PRELUDE)."""
     total = T.dynamic("total", "int64")  # flat scores storage: (b - 1) * ld + n elements
     b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
     nc, mb = T.dynamic("nc, mb")
@@ -747,6 +784,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
     NEG_INF_BITS = T.uint32(0xFF800000)
     S = split
     assert S in (1, 2, 4, 8), split
+    prelude = (STREAM_PRELUDE if stream else "") + (CLUSTER_PRELUDE if S > 1 else "") or None
     # fewer threads only for one CTA per row (the split's block move holds cap / NT entries per thread);
     # the rank step needs a warp per 32 of its V3_RES keys
     assert NT in (256, 512, 1024) and (S == 1 or NT == THREADS) and NW * 32 >= V3_RES, (threads, split)
@@ -772,17 +810,21 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
         """One half of the cluster barrier ("arrive" or "wait"), by every thread of every CTA."""
         return T.call_extern("uint32", f"tl_topk_cluster_{half}")
 
-    def raw(scores, i):
+    def raw(scores, i, streaming=False):
+        """The FP32 bits of scores[i]; `streaming` (the compaction's reads past its first tile, in a
+        `stream` kernel) loads it with the L2 evict-first policy."""
+        if stream and streaming:
+            return T.call_extern("uint32", "tl_topk_ld_stream", T.address_of(scores[i]))
         return _f32_bits(scores[i])
 
     fills, emit = _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fill, mode,
                                cand_bs, block_c, nc, mb, NT)
 
     @T.macro
-    def load_tile(scores, kn, base, it, lim, tx):
+    def load_tile(scores, kn, base, it, lim, tx, streaming=False):
         """kn = the raw bits of tile `it` of the row (0 at and past `lim`): the loads of a pipelined read."""
         for u in T.unroll(UNROLL):
-            kn[u] = T.if_then_else(lin(it, u, tx) < lim, raw(scores, base + lin(it, u, tx)), ZERO)
+            kn[u] = T.if_then_else(lin(it, u, tx) < lim, raw(scores, base + lin(it, u, tx), streaming), ZERO)
 
     @T.macro
     def next_keys(scores, kb, kn, base, it, lim, tx):
@@ -895,7 +937,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
         ld: T.int64,
         has_end: T.int32,
     ):
-        with T.Kernel(b if S == 1 else b * S, threads=NT, prelude=CLUSTER_PRELUDE if S > 1 else None,
+        with T.Kernel(b if S == 1 else b * S, threads=NT, prelude=prelude,
                       cluster_dims=S if S > 1 else None) as bx:
             row = bx if S == 1 else bx // S
             rank = 0 if S == 1 else bx % S  # this CTA's rank in the row's cluster
@@ -1007,9 +1049,9 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 # Short rows (one tile): the keys stay in registers (src 3; key 0, below every real
                 # key, past the end); the radix passes and the ordered pass run on them, so there is
                 # no candidate list, no bitmap rank and no second read.
+                load_tile(scores, kb, base, 0, e, tx)
                 for u in T.unroll(UNROLL):
-                    i = lin(0, u, tx)
-                    kb[u] = T.if_then_else(i < e, _key(raw(scores, base + i)), ZERO)
+                    kb[u] = T.if_then_else(lin(0, u, tx) < e, _key(kb[u]), ZERO)
                 kmin = KEY_MAX
                 kmax = ZERO
                 for u in T.unroll(UNROLL):
@@ -1030,7 +1072,9 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 # spread over the row): the bin of its kt-th largest key (kt: see V3_SAMPLE_SD). Used only
                 # if exactly counted k <= count (then every winner is >= thr).
                 for u in T.unroll(su):
-                    kb[u] = _key(raw(scores, base + (warp * su + u) * (e // (NW * su)) + lane))
+                    kb[u] = raw(scores, base + (warp * su + u) * (e // (NW * su)) + lane)
+                for u in T.unroll(su):
+                    kb[u] = _key(kb[u])
                 kmin = KEY_MAX
                 kmax = ZERO
                 for u in T.unroll(su):
@@ -1131,9 +1175,9 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         # full tiles (all but the last) need no bounds checks: uniform branches
                         if (it + 2) * TL <= t_end:
                             for u in T.unroll(UNROLL):
-                                kn[u] = raw(scores, base + lin(it + 1, u, tx))
+                                kn[u] = raw(scores, base + lin(it + 1, u, tx), True)
                         else:
-                            load_tile(scores, kn, base, it + 1, t_end, tx)
+                            load_tile(scores, kn, base, it + 1, t_end, tx, True)
                         # mb: my candidates of the tile as bits (bit u: strip u); the warp's scan of their
                         # counts places them, one counter add per warp and tile reserves the room
                         mb = ZERO
@@ -1682,23 +1726,25 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
     return kernel
 
 
-def _jit_args(*static, split=1, threads=THREADS) -> tuple:
+def _jit_args(*static, split=1, threads=THREADS, stream=False) -> tuple:
     """(factory name, positional arguments) of the top-k kernel for these static arguments (the last one is
     the variant; `split`: v3's CTAs per row, `threads`: v3's threads per CTA, 32 for `topk_kernel_warp`, one
-    warp per row, which takes no cache tier and no split; defaults are left out, so the default launch
-    keeps its cache key)."""
+    warp per row, which takes no cache tier and no split; `stream`: v3's streaming reads; defaults are left
+    out, so the default launch keeps its cache key)."""
     if static[-1] == "v3" and threads == 32:
         assert split == 1, "a warp per row is never split"
         return "topk_kernel_warp", static[:3] + static[4:-1]
     if static[-1] == "v3":
         extra = (split, threads) if threads != THREADS else ((split,) if split != 1 else ())
+        if stream:
+            extra = (split, threads, True)
         return "topk_kernel_v3", static[:-1] + extra
     return "topk_kernel", static
 
 
-def _topk_jit(*static, split=1, threads=THREADS):
+def _topk_jit(*static, split=1, threads=THREADS, stream=False):
     """The compiled top-k kernel (see _jit_args)."""
-    name, args = _jit_args(*static, split=split, threads=threads)
+    name, args = _jit_args(*static, split=split, threads=threads, stream=stream)
     return {"topk_kernel_v3": topk_kernel_v3, "topk_kernel": topk_kernel,
             "topk_kernel_warp": topk_kernel_warp}[name](*args)
 
@@ -1748,6 +1794,7 @@ def _v3_threads(b: int, n: int, cache_cap: int, sms: int) -> int:
 
 
 _SMS = {}
+_L2 = {}
 
 
 def _sm_count(device) -> int:
@@ -1756,17 +1803,31 @@ def _sm_count(device) -> int:
     return _SMS[device]
 
 
-def _v3_launch(b: int, n: int, sms: int) -> dict:
-    """v3's launch shape for b rows of n entries on `sms` SMs: {"split": CTAs per row, "threads": per CTA,
-    32 for one warp per row} (a split row keeps the full CTA)."""
+def _l2_bytes(device) -> int:
+    if device not in _L2:
+        _L2[device] = torch.cuda.get_device_properties(device).L2_cache_size
+    return _L2[device]
+
+
+def _v3_launch(b: int, n: int, sms: int, itemsize: int = 4, l2_bytes: int = 0) -> dict:
+    """v3's launch shape for b rows of n entries (`itemsize` bytes each) on `sms` SMs and an L2 of `l2_bytes`:
+    {"split": CTAs per row, "threads": per CTA, 32 for one warp per row} (a split row keeps the full CTA),
+    and "stream": True for unsplit rows of the uncached tier when the launch reads at least
+    STREAM_L2_FRACTION of the L2 (see STREAM_PRELUDE)."""
     cap = _cache_cap(n)
     split = _v3_split(b, n, cap, sms)
-    return {"split": split, "threads": _v3_threads(b, n, cap, sms) if split == 1 else THREADS}
+    launch = {"split": split, "threads": _v3_threads(b, n, cap, sms) if split == 1 else THREADS}
+    if (cap == 0 and split == 1 and launch["threads"] == THREADS
+            and l2_bytes > 0 and b * n * itemsize >= STREAM_L2_FRACTION * l2_bytes):
+        launch["stream"] = True
+    return launch
 
 
-def _launch(b: int, n: int, device) -> dict:
+def _launch(b: int, n: int, device, itemsize: int = 4) -> dict:
     """The launch shape the wrappers use on this device (_v3_launch under the default variant)."""
-    return _v3_launch(b, n, _sm_count(device)) if TOPK_VARIANT == "v3" else {"split": 1, "threads": THREADS}
+    if TOPK_VARIANT != "v3":
+        return {"split": 1, "threads": THREADS}
+    return _v3_launch(b, n, _sm_count(device), itemsize, _l2_bytes(device))
 
 
 _DUMMY = {}
@@ -1822,7 +1883,8 @@ def topk(scores, k, *, end=None, sorted=False, sorted_index=False, indices_type=
     off_dtype = output_idx_offset.dtype if output_idx_offset is not None else torch.int32
     kern = _topk_jit(_TORCH_TO_TL[scores.dtype], _TORCH_TO_TL[indices_type], _TORCH_TO_TL[off_dtype],
                      _cache_cap(n), need_values, output_idx_offset is not None, int(idx_oob_fill_value),
-                     float(value_oob_fill_value), "topk", 0, 1, TOPK_VARIANT, **_launch(b, n, dev))
+                     float(value_oob_fill_value), "topk", 0, 1, TOPK_VARIANT,
+                     **_launch(b, n, dev, scores.element_size()))
     kern(flat, end if end is not None else _dummy(dev, torch.int32),
          output_idx_offset if output_idx_offset is not None else _dummy(dev, off_dtype),
          _dummy(dev, torch.int32, (b, 1)), _dummy(dev, torch.int32, (b, 1)),
@@ -1872,7 +1934,8 @@ def topk_to_slots(scores, k, *, end=None, candidate_blocks=None, candidate_block
     flat, ld = _flat_scores(scores)
     cand_bs = candidate_block_size or 0
     kern = _topk_jit(_TORCH_TO_TL[scores.dtype], "int32", "int32", _cache_cap(n), False, False, -1,
-                     float("-inf"), "slots", cand_bs, block_size_c, TOPK_VARIANT, **_launch(b, n, dev))
+                     float("-inf"), "slots", cand_bs, block_size_c, TOPK_VARIANT,
+                     **_launch(b, n, dev, scores.element_size()))
     cand = candidate_blocks if candidate_blocks is not None else _dummy(dev, torch.int32, (b, 1))
     kern(flat, end if end is not None else _dummy(dev, torch.int32), _dummy(dev, torch.int32), cand,
          block_tables, _dummy(dev, scores.dtype, (1, 1)), slots, n, ld, int(end is not None))
@@ -2031,7 +2094,8 @@ def convert_kv_index_(index, block_size_c, valid_lens, block_tables):
     return index
 
 
-QUICK_BUILD = ("topk fp32 uncached", "topk bf16 int64+offset cache4096", "topk_to_slots fp32 cand16 Bc64",
+QUICK_BUILD = ("topk fp32 uncached v1", "topk fp32 uncached split8", "topk fp32 uncached stream",
+               "topk bf16 int64+offset cache4096", "topk_to_slots fp32 cand16 Bc64",
                "topk fp32 cache32768 split2", "topk fp32 cache32768 threads512", "topk warp bf16",
                "block_max", "restore", "convert")
 
@@ -2066,6 +2130,9 @@ def build_all(quick: bool = False) -> list[str]:
     for name, static, split in ((paths[1][0], paths[1][1], 2), (paths[0][0], paths[0][1], 8),
                                 (paths[4][0], paths[4][1], 4)):
         configs.append((f"{name} split{split}", topk_kernel_v3, static + (split,)))
+    # v3's streaming reads (large launches of uncached rows, _v3_launch; in the quick build it stands for the
+    # uncached v3 kernel, which differs only in the compaction's loads)
+    configs.append((f"{paths[0][0]} stream", topk_kernel_v3, paths[0][1] + (1, THREADS, True)))
     # v3 with fewer threads per CTA (many short rows, _v3_threads): the short tier, the decode tier
     for name, static, threads in ((paths[2][0], paths[2][1], 256), (paths[1][0], paths[1][1], 512)):
         configs.append((f"{name} threads{threads}", topk_kernel_v3, static + (1, threads)))

@@ -12,10 +12,12 @@ at most half the SMs; `--sms 1` never splits), with at most `--max-split` CTAs p
 tilelang_ops.topk.MAX_SPLIT).
 
     PYTHONPATH=. .venv/bin/python tools/check_topk_emu.py [--variant v1,v3] [--seeds 0,1] [--mutate S]
-        [--sms N] [--max-split S] [--threads T] [set ...]
+        [--sms N] [--max-split S] [--threads T] [--stream] [set ...]
 
 `--threads T` runs v3 with T threads per CTA on every row it does not split (the wrapper picks 256 only
-for many short rows; `--sms 1` keeps every row unsplit).
+for many short rows; `--sms 1` keeps every row unsplit). `--stream` builds v3's streaming-read kernel for
+every launch that compacts sampled rows in one CTA each (the wrapper does so only for launches that read
+half the L2 or more).
 """
 import argparse
 import os
@@ -73,12 +75,21 @@ inline unsigned tl_topk_atomic_add_cluster(void* p, unsigned rank, unsigned v) {
 inline unsigned tl_topk_cluster_arrive() { emu_cluster_arrive(); return 0u; }
 inline unsigned tl_topk_cluster_wait() { emu_cluster_wait(); return 0u; }
 """
+# the streaming load of tilelang_ops.topk.STREAM_PRELUDE (PTX there): a plain load
+EMU_STREAM = """template <typename Tp> inline unsigned tl_topk_ld_stream(const Tp* p) {
+  if constexpr (sizeof(Tp) == 4) { unsigned r; memcpy(&r, p, 4); return r; }
+  else { unsigned short r; memcpy(&r, p, 2); return ((unsigned)r) << 16; }
+}
+"""
 SMS = [132]
+L2 = [0]  # the L2 bytes the wrapper sees: 0 never streams, 1 (--stream) streams every sampled launch
 
 
 def _emu_source(src):
     if tk.CLUSTER_PRELUDE.strip() in src:
         src = src.replace(tk.CLUSTER_PRELUDE.strip(), EMU_CLUSTER)
+    if tk.STREAM_PRELUDE.strip() in src:
+        src = src.replace(tk.STREAM_PRELUDE.strip(), EMU_STREAM)
     src = src.replace("atomicAdd(", "emu_atomicAdd(").replace("atomicOr(", "emu_atomicOr(")
     at = src.index('extern "C" __global__')
     return src[:at] + EMU_EXTRA + src[at:]
@@ -124,6 +135,7 @@ tk.topk_kernel_v3 = fake_v3
 tk.topk_kernel_warp = fake_warp
 tk.check_cuda = lambda **kw: torch.device("cpu")
 tk._sm_count = lambda device: SMS[0]
+tk._l2_bytes = lambda device: L2[0]
 
 
 def run_case(case, variant, seed):
@@ -282,10 +294,13 @@ def main():
     ap.add_argument("--mutate", default=None)
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--max-split", type=int, default=tk.MAX_SPLIT)
+    ap.add_argument("--stream", action="store_true", help="v3's streaming reads on every launch that "
+                    "compacts sampled rows in one CTA each (the wrapper: launches of half the L2 or more)")
     ap.add_argument("--threads", type=int, default=0, help="v3's threads per CTA on every unsplit row "
                     "(default: the wrapper's choice)")
     a = ap.parse_args()
     SMS[0] = a.sms
+    L2[0] = 1 if a.stream else 0
     tk.MAX_SPLIT = a.max_split
     if a.threads:
         tk._v3_threads = lambda b, n, cache_cap, sms: a.threads
