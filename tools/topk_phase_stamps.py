@@ -3,7 +3,9 @@
 clock64() at the kernel's start, after the sample / first read (before the rounds), after each of the
 V3_ROUNDS rounds (kind 1 compaction, 2 resolve, 3 radix pass, 0 nothing) and at the end, and writes them
 over output lanes 1..7 (the outputs are then wrong: a probe only; each stamped round adds a barrier,
-~280 cycles). Prints the median cycles per phase over the rows:
+~280 cycles), and the low 32 bits of %globaltimer (ns, one clock for all SMs) at its start and end over
+lanes 8 and 9. Prints the median cycles per phase over the rows, then, for a launch after the benchmark's
+L2 flush, when the rows start and how long they take against the CUDA-event time (the harness's):
 
     python tools/topk_phase_stamps.py B N K randn,equal
 """
@@ -32,5 +34,26 @@ def main(b: int, n: int, k: int, dists: list[str]) -> None:
               + ", ".join(f"{nm} {v:.0f}" for nm, v in zip(NAMES, d)) + f" | total {cyc[:, 6].median():.0f}")
 
 
+def global_times(b: int, n: int, k: int, dist: str) -> None:
+    from benchmarks.harness import HOST_HIDE_CYCLES, time_us
+
+    x = make_scores(dist, b, n, device="cuda")
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    topk(x, k, return_value=False)
+    flush.zero_()
+    torch.cuda._sleep(HOST_HIDE_CYCLES)
+    _, idx = topk(x, k, return_value=False)
+    g = idx[:, 8:10].cpu().long() & 0xFFFFFFFF
+    t0 = g[:, 0].min()
+    start, stop = (g[:, 0] - t0) % (1 << 32), (g[:, 1] - t0) % (1 << 32)  # ns after the first row's start
+    dur = (stop - start).float()
+    event = time_us(lambda: topk(x, k, return_value=False), flush_bytes=256 << 20)
+    print(f"GLOBAL b{b}n{n}k{k} {dist}: rows start within {start.max()} ns; row us min / median / max "
+          f"{dur.min() / 1e3:.1f} / {dur.median() / 1e3:.1f} / {dur.max() / 1e3:.1f}; last row ends "
+          f"{stop.max() / 1e3:.1f} us after the first starts; CUDA events {event:.1f} us")
+
+
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(","))
+    for dist in sys.argv[4].split(","):
+        global_times(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), dist)
