@@ -45,8 +45,15 @@ def configs():
                 out.append((kv, FACTORIES["v3"], _kv_static("v3", fmt, hadamard, rows)))
     variants = dict.fromkeys((topk_mod.TOPK_VARIANT,) + PEER_VARIANTS)
 
-    def topk_jit(static, v, b, n):  # what topk_mod._topk_jit compiles for b x n rows on the H200 (132 SMs)
-        return (tk, *topk_mod._jit_args(*static, v, **(topk_mod._v3_launch(b, n, 132) if v == "v3" else {})))
+    # what topk_mod._topk_jit compiles for b x n FP32 rows on the H200 (132 SMs; the L2 size decides the
+    # streaming reads, read from this machine's GPU)
+    import torch
+
+    l2 = topk_mod._l2_bytes(torch.device("cuda")) if torch.cuda.is_available() else 0
+
+    def topk_jit(static, v, b, n):
+        launch = topk_mod._v3_launch(b, n, 132, 4, l2) if v == "v3" else {}
+        return (tk, *topk_mod._jit_args(*static, v, **launch))
 
     for b, n, _ in SHAPES:
         cap = topk_mod._cache_cap(n)
