@@ -828,7 +828,7 @@ def test_v3_launch_choice():
     assert _v3_launch(4096, 4097, 132) == {"split": 1, "threads": 1024}  # the 32768 tier
     assert _v3_launch(4096, 65536, 132) == {"split": 1, "threads": 1024}
     assert _v3_launch(1, 65536, 132) == {"split": 8, "threads": 1024}
-    # streaming reads where one CTA per row compacts sampled rows and the launch reads half the L2 or more
+    # streaming reads for unsplit rows of the uncached tier when the launch reads half the L2 or more
     l2 = 60 << 20
     assert _v3_launch(128, 131072, 132, 4, l2) == {"split": 1, "threads": 1024, "stream": True}
     assert _v3_launch(128, 131072, 132, 2, l2) == {"split": 1, "threads": 1024, "stream": True}  # 32 MiB
@@ -836,7 +836,7 @@ def test_v3_launch_choice():
     assert _v3_launch(64, 32768, 132, 4, l2) == {"split": 1, "threads": 1024}  # 8 MiB
     assert _v3_launch(1024, 32768, 132, 4, l2) == {"split": 1, "threads": 1024}  # the 32768 tier never
     assert _v3_launch(1, 1 << 24, 132, 4, l2) == {"split": 8, "threads": 1024}  # split rows never stream
-    assert _v3_launch(16384, 8192, 132, 4, l2) == {"split": 1, "threads": 1024}  # one tile: no compaction
+    assert _v3_launch(16384, 8192, 132, 4, l2) == {"split": 1, "threads": 1024}  # one tile, 32768 tier
     assert _v3_launch(128, 131072, 132, 4, 0) == {"split": 1, "threads": 1024}  # no L2 size known
     # the default launch keeps the factory's default arguments (and so its cache key)
     static = ("float32", "int32", "int32", 0, False, False, -1, float("-inf"), "topk", 0, 1)

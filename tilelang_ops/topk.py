@@ -1735,9 +1735,12 @@ def _jit_args(*static, split=1, threads=THREADS, stream=False) -> tuple:
         assert split == 1, "a warp per row is never split"
         return "topk_kernel_warp", static[:3] + static[4:-1]
     if static[-1] == "v3":
-        extra = (split, threads) if threads != THREADS else ((split,) if split != 1 else ())
         if stream:
             extra = (split, threads, True)
+        elif threads != THREADS:
+            extra = (split, threads)
+        else:
+            extra = (split,) if split != 1 else ()
         return "topk_kernel_v3", static[:-1] + extra
     return "topk_kernel", static
 
@@ -1793,20 +1796,22 @@ def _v3_threads(b: int, n: int, cache_cap: int, sms: int) -> int:
     return SHORT_ROW_THREADS if cache_cap == SMALL_CACHE and b > sms else THREADS
 
 
-_SMS = {}
-_L2 = {}
+_PROPS = {}
+
+
+def _props(device):
+    """The device's properties, looked up once per device (the launch choice reads them on every call)."""
+    if device not in _PROPS:
+        _PROPS[device] = torch.cuda.get_device_properties(device)
+    return _PROPS[device]
 
 
 def _sm_count(device) -> int:
-    if device not in _SMS:
-        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SMS[device]
+    return _props(device).multi_processor_count
 
 
 def _l2_bytes(device) -> int:
-    if device not in _L2:
-        _L2[device] = torch.cuda.get_device_properties(device).L2_cache_size
-    return _L2[device]
+    return _props(device).L2_cache_size
 
 
 def _v3_launch(b: int, n: int, sms: int, itemsize: int = 4, l2_bytes: int = 0) -> dict:

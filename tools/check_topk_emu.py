@@ -16,8 +16,8 @@ tilelang_ops.topk.MAX_SPLIT).
 
 `--threads T` runs v3 with T threads per CTA on every row it does not split (the wrapper picks 256 only
 for many short rows; `--sms 1` keeps every row unsplit). `--stream` builds v3's streaming-read kernel for
-every launch that compacts sampled rows in one CTA each (the wrapper does so only for launches that read
-half the L2 or more).
+every launch of uncached rows in one CTA each (the wrapper does so only for such launches that read half
+the L2 or more).
 """
 import argparse
 import os
@@ -82,7 +82,7 @@ EMU_STREAM = """template <typename Tp> inline unsigned tl_topk_ld_stream(const T
 }
 """
 SMS = [132]
-L2 = [0]  # the L2 bytes the wrapper sees: 0 never streams, 1 (--stream) streams every sampled launch
+L2 = [0]  # the L2 bytes the wrapper sees: 0 never streams, 1 (--stream) streams every unsplit uncached launch
 
 
 def _emu_source(src):
@@ -294,8 +294,8 @@ def main():
     ap.add_argument("--mutate", default=None)
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--max-split", type=int, default=tk.MAX_SPLIT)
-    ap.add_argument("--stream", action="store_true", help="v3's streaming reads on every launch that "
-                    "compacts sampled rows in one CTA each (the wrapper: launches of half the L2 or more)")
+    ap.add_argument("--stream", action="store_true", help="v3's streaming reads on every launch of "
+                    "uncached rows in one CTA each (the wrapper: such launches of half the L2 or more)")
     ap.add_argument("--threads", type=int, default=0, help="v3's threads per CTA on every unsplit row "
                     "(default: the wrapper's choice)")
     a = ap.parse_args()
