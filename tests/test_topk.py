@@ -63,6 +63,15 @@ def make_scores(dist: str, b: int, n: int, dtype=torch.float32, device="cpu", se
         col = torch.arange(n) % step
         hot = col < 32 if dist == "sampled" else (col >= 64) & (col < 128)
         x = torch.where(hot[None, :], x + 100, x)
+    elif dist == "outliers":
+        # 400 (fewer on short rows) distinct huge scores inside one gap between the runs of 32 that v3
+        # samples (every n // 64 entries on rows of the 32768 tier, n // 256 beyond): the k-th largest, for
+        # k below their count, lies far above the sample's largest key (the last bin of the pre-binned list)
+        x = torch.randn(b, n, generator=g)
+        step = max(n // (64 if n <= 32768 else 256), 1)
+        count = max(0, min(400, step - 96))
+        at = step * (4 * (n // step // 8) + 2) + 64
+        x[:, at:at + count] = 1000.0 + torch.arange(count, dtype=torch.float32)
     elif dist == "special":  # NaN of both signs, +-inf, signed zeros, denormals of both signs over randn
         x = torch.randn(b, n, generator=g)
         pick = torch.randint(0, 10, (b, n), generator=g)
@@ -569,6 +578,11 @@ GPU_CASES = (
         # tilelang_ops/topk.py), on one CTA per row and on a cluster per row (the same bound in every CTA)
         GpuCase("randn", 64, 1 << 20, 2048),
         GpuCase("randn", 2, 1 << 20, 2048),
+        # the k-th largest far above the sample (k < 400 outliers) or among the ordinary scores (k > 400)
+        GpuCase("outliers", 4, 131072, 300),
+        GpuCase("outliers", 4, 131072, 2048),
+        GpuCase("outliers", 8, 32768, 300, mode="sorted"),
+        GpuCase("outliers", 2, 65536, 100, "random"),
     ]
 )
 

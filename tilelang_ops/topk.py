@@ -569,7 +569,8 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # without a radix pass), a final rank by index over the short list through index bitmaps, an early exit of
 # the ordered pass over the row, and no row cache. Rows of one tile (e <= UNROLL x threads) keep their keys
 # in registers (src 3): radix passes and the ordered pass run on them, no list or bitmaps. Radix passes use
-# 12-bit digits (V3_NB bins), so a list spanning up to 2^24 keys takes two passes; the compaction read has
+# 12-bit digits (V3_NB bins), so a list spanning up to 2^24 keys takes two passes (on one CTA a row the first
+# comes pre-binned from the compaction, see V3_PREBIN_SPAN); the compaction read has
 # no bounds checks on full tiles; the key is branch-free; warp reductions (min / max / sums of packed
 # counts) are single REDUX instructions.
 # Tried on the H200 and dropped: an L2 prefetch (prefetch.global.L2, one line per lane) of the row P tiles
@@ -612,6 +613,12 @@ V3_ROUNDS = PASSES + 2  # first compaction, <= 3 radix passes, at most one fallb
 V3_BITS = 12  # radix digit of v3's passes (v1: RADIX_BITS); 2^32 -> 2^20 -> 2^8 -> 1 keys
 V3_NB = 1 << V3_BITS
 assert V3_BMW <= V3_NB, "the rank's word prefixes live in s_hist"
+# The pre-binned list: on one CTA a row, the compaction's pass that keys its list also histograms it, over
+# V3_NB bins from thr spanning V3_PREBIN_SPAN times the sample's keys above thr (the last bin holds every key
+# beyond); the first radix pass over the list then only selects the bin (randn 128 x 131072, k = 2048: ~5
+# keys a bin, then the direct rank). Without it that pass cleared the histogram, read the list again and
+# histogrammed it over the list's [min, max], two barriers more.
+V3_PREBIN_SPAN = 2
 # A threshold bin of at most this many keys is ranked directly (every key against every other, one warp
 # per 32 keys) instead of by more radix passes: ~0.3 us against ~2 us for a pass over a one-tile row.
 V3_RES = 256
@@ -837,22 +844,28 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             kb[u] = T.if_then_else(lin(it, u, tx) < lim, _key(kb[u]), ZERO)
 
     @T.macro
-    def hist_key(kb, j, mm, lo, hi, sh, s_hist, lane):
-        """Radix-pass histogram add of one key kb[j] per lane (all lanes call it: it votes): bin
-        (kb[j] - lo) >> sh when kb[j] is in [lo, hi] (one add of 32 when the whole warp hits one bin), and
-        mm = [min, max] of those keys. Key 0 (no entry) is below lo. (The key comes as a buffer element:
-        TVM's bound solver fails on a uint32 scalar argument inside these conditions.)"""
-        bv = T.alloc_var("uint32")
+    def hist_add(bv, s_hist, lane):
+        """Histogram add of bin bv per lane, NO_BIN: none (all lanes call it: it votes); one add of 32 when
+        the whole warp hits one bin."""
         b0 = T.alloc_var("uint32")
-        bv = T.if_then_else(T.And(kb[j] >= lo, kb[j] <= hi), (kb[j] - lo) >> T.Cast("uint32", sh), NO_BIN)
-        mm[0] = T.min(mm[0], T.if_then_else(bv != NO_BIN, kb[j], KEY_MAX))
-        mm[1] = T.max(mm[1], T.if_then_else(bv != NO_BIN, kb[j], ZERO))
         b0 = T.shfl_sync(bv, 0)
         if T.all_sync(bv == b0) != 0:
             if T.And(lane == 0, b0 != NO_BIN):
                 T.atomic_add(s_hist[T.Cast("int32", b0)], 32)
         elif bv != NO_BIN:
             T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
+
+    @T.macro
+    def hist_key(kb, j, mm, lo, hi, sh, s_hist, lane):
+        """Radix-pass histogram add of one key kb[j] per lane (all lanes call it: it votes): bin
+        (kb[j] - lo) >> sh when kb[j] is in [lo, hi], and mm = [min, max] of those keys. Key 0 (no entry)
+        is below lo. (The key comes as a buffer element: TVM's bound solver fails on a uint32 scalar
+        argument inside these conditions.)"""
+        bv = T.alloc_var("uint32")
+        bv = T.if_then_else(T.And(kb[j] >= lo, kb[j] <= hi), (kb[j] - lo) >> T.Cast("uint32", sh), NO_BIN)
+        mm[0] = T.min(mm[0], T.if_then_else(bv != NO_BIN, kb[j], KEY_MAX))
+        mm[1] = T.max(mm[1], T.if_then_else(bv != NO_BIN, kb[j], ZERO))
+        hist_add(bv, s_hist, lane)
 
     @T.macro
     def warp_incl(c, incl, lane):
@@ -995,13 +1008,17 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             rk = T.alloc_var("int32")
             b0 = T.alloc_var("uint32")
             wsum = T.alloc_var("int32")
-            wcnt = T.alloc_local([1], "int32")  # an ordered-pass step's packed total (_ordered_classes)
+            # an ordered-pass step's packed total (_ordered_classes); the final rank's packed word counts
+            wcnt = T.alloc_local([wpt], "int32")
             kx = T.alloc_var("uint32")
             tf = T.alloc_var("float32")  # float filter of the compaction threshold
             xf = T.alloc_var("float32")
             wd = T.alloc_var("uint32")
             wt = T.alloc_var("uint32")
             mb = T.alloc_var("uint32")  # a lane's candidates of a compaction tile, bit u for strip u
+            # the list's histogram (see V3_PREBIN_SPAN): > 0 its shift + 1, -1 a cleared histogram, 0 neither
+            pre = T.alloc_var("int32")
+            smax = T.alloc_var("uint32")  # the sample's largest key
 
             base = T.Cast("int64", row) * ld
             lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)  # lanes below mine
@@ -1029,6 +1046,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             src = 0
             ne = e
             resolve = 0
+            pre = 0
             cnt = 0
             compact = 1 - take_all
             if S > 1:
@@ -1057,9 +1075,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 for u in T.unroll(UNROLL):
                     kmin = T.min(kmin, T.if_then_else(kb[u] == ZERO, KEY_MAX, kb[u]))
                     kmax = T.max(kmax, kb[u])
-                publish_min_max(kmin, kmax, s_mm, lane, warp)
-                T.sync_threads()
-                gather_min_max(mm, s_mm, lane)
+                min_max_and_clear(kmin, kmax, mm, s_mm, s_hist, tx, lane, warp)
+                pre = -1  # the first radix pass finds its histogram cleared
                 lo = mm[0]
                 hi = mm[1]
                 done = T.if_then_else(lo == hi, 1, 0)
@@ -1083,6 +1100,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 min_max_and_clear(kmin, kmax, mm, s_mm, s_hist, tx, lane, warp)
                 kmin = mm[0]
                 kmax = mm[1]
+                smax = kmax
                 thr = kmin
                 if kmin != kmax:
                     # the radix pass's bins (V3_NB over [kmin, kmax]; every sample key is in range)
@@ -1127,7 +1145,17 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             select_bin(rk, s_hist, s_scan, s_sel, tx, lane, warp)
                             T.sync_threads()
                             thr = kmin + (T.Cast("uint32", s_sel[0]) << T.Cast("uint32", sh))
-                T.sync_threads()  # s_mm / s_scan / s_sel / s_hist are reused
+                # One CTA a row: the list's bins (see V3_PREBIN_SPAN), and no barrier here: the compaction
+                # writes s_hist, s_bm and s_cnt before its first barrier, and the sample's last reads of
+                # s_hist came before the barrier after its selection. A split row's exchange reuses s_sel.
+                if S == 1:
+                    wd = smax - thr
+                    wd = T.if_then_else(wd > T.uint32(0xFFFFFFFF // V3_PREBIN_SPAN), KEY_MAX,
+                                        wd * T.uint32(V3_PREBIN_SPAN) + T.uint32(1))
+                    pre = T.if_then_else(thr <= T.uint32(0xFF800000),
+                                         T.max(0, (32 - V3_BITS) - T.Cast("int32", T.clz(wd))) + 1, 0)
+                else:
+                    T.sync_threads()
 
             for _rnd in T.serial(V3_ROUNDS):
                 if compact != 0:
@@ -1167,8 +1195,15 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             ce = T.min(e, (c0 + T.ceildiv(T.ceildiv(e, TL), S)) * TL)
                     t_lo = 0 if S == 1 else c0  # the loop's first tile and its end entry
                     t_end = e if S == 1 else ce
+                    if S == 1 and T.And(pre > 0, compact == 1):
+                        for q in T.unroll(BPT):
+                            s_hist[q * NT + tx] = 0
+                    # the final rank's first window finds its bitmaps cleared (s_bm is free until then)
+                    for q in T.serial(T.ceildiv(2 * bmw, NT)):
+                        if q * NT + tx < 2 * bmw:
+                            s_bm[q * NT + tx] = ZERO
+                    load_tile(scores, kn, base, t_lo, t_end, tx)  # (in flight across the barrier)
                     T.sync_threads()
-                    load_tile(scores, kn, base, t_lo, t_end, tx)
                     for it in T.serial(t_lo, T.ceildiv(t_end, TL)):
                         for u in T.unroll(UNROLL):
                             kb[u] = kn[u]
@@ -1222,12 +1257,21 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     T.sync_threads()
                     m = s_cnt[0]
                     # the stored raw bits become keys; [min, max] over them and the overflow keys
+                    # (and, for a list that fits, its pre-binned histogram: every key is >= thr, which is at
+                    # most the +inf key)
+                    pre = T.if_then_else(T.And(compact == 1, m <= cap), pre, 0)
                     for q in T.serial(T.ceildiv(T.min(m, cap), NT)):
+                        wd = NO_BIN
                         if q * NT + tx < T.min(m, cap):
                             kx = _key(s_ck[q * NT + tx])
                             s_ck[q * NT + tx] = kx
                             kmin = T.min(kmin, kx)
                             kmax = T.max(kmax, kx)
+                            if S == 1:
+                                wd = T.min((kx - thr) >> T.Cast("uint32", T.max(pre - 1, 0)),
+                                           T.uint32(V3_NB - 1))
+                        if S == 1 and pre > 0:
+                            hist_add(wd, s_hist, lane)
                     publish_min_max(kmin, kmax, s_mm, lane, warp)
                     T.sync_threads()
                     gather_min_max(mm, s_mm, lane)
@@ -1289,20 +1333,22 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         done = T.if_then_else(kmin == kmax, 1, 0)
                         src = T.if_then_else(m <= cap, 2, 0)
                         ne = T.if_then_else(m <= cap, m, e)
+                    # the list's histogram is the next radix pass's when that pass selects in the list
+                    pre = T.if_then_else(T.And(m >= k, kmin != kmax), pre, 0)
                     compact = 0
                     if S > 1:
                         done = T.if_then_else(rank == 0, done, 1)  # the other CTAs of a split row are done
-                    T.sync_threads()  # s_cnt / s_mm are rewritten next
+                    if pre == 0:
+                        # s_cnt / s_mm are rewritten next (that pass, with pre > 0, writes neither before its
+                        # selection's barrier)
+                        T.sync_threads()
                 elif resolve != 0:
                     # The threshold bin holds at most V3_RES keys (all of [lo, hi]; keys from registers or the
                     # list): gather them (zero-padded: key 0 is below every real key) and rank each against
                     # all (one warp per 32 keys) for the kk-th largest with its multiplicity, instead of
                     # more radix passes. Then [lo, hi] is that one key and kk counts its ties.
-                    if tx == 0:
-                        s_cnt[0] = 0
-                    if tx < V3_RES:
-                        s_small[tx] = ZERO
-                    T.sync_threads()
+                    # (s_cnt and s_small were zeroed by the radix pass that chose this round, before its
+                    # last barrier)
                     if src == 3:
                         for u in T.unroll(UNROLL):
                             if T.And(kb[u] >= lo, kb[u] <= hi):
@@ -1338,40 +1384,56 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     cnt = s_sel[2]
                     done = 1
                     resolve = 0
-                    T.sync_threads()  # s_sel / s_cnt are free again
+                    # no barrier: no later phase writes s_sel, s_cnt or s_small
                 elif done == 0:
                     # radix pass: bins of 2^sh keys over [lo, hi] (at most V3_NB of them: 12-bit digits, so
                     # a candidate list spanning up to 2^24 keys, as a randn row's top ~2% does, needs two)
-                    sh = T.max(0, (32 - V3_BITS) - T.Cast("int32", T.clz(hi - lo)))
-                    for q in T.unroll(BPT):
-                        s_hist[q * NT + tx] = 0
-                    mm[0] = KEY_MAX
-                    mm[1] = ZERO
-                    T.sync_threads()
-                    if src == 2:
-                        # the list: one key per thread and step over its ne entries only (a tile's
-                        # 8 strips per thread would mostly hold key 0: the list is ~1.3k keys long)
-                        for q in T.serial(T.ceildiv(ne, NT)):
-                            kb[0] = T.if_then_else(q * NT + tx < ne, s_ck[q * NT + tx], ZERO)
-                            hist_key(kb, 0, mm, lo, hi, sh, s_hist, lane)
+                    if pre > 0:
+                        # the compaction binned the list (origin thr, shift pre - 1, the keys past the last
+                        # bin in it) and published the list's [min, max] to s_mm: straight to the selection
+                        sh = pre - 1
+                        lo = thr
                     else:
-                        if src == 0:
-                            load_tile(scores, kn, base, 0, ne, tx)
-                        for it in T.serial(T.ceildiv(ne, TL)):
+                        sh = T.max(0, (32 - V3_BITS) - T.Cast("int32", T.clz(hi - lo)))
+                        mm[0] = KEY_MAX
+                        mm[1] = ZERO
+                        if pre == 0:  # (-1: the one-tile rows' first pass, cleared with their [min, max])
+                            for q in T.unroll(BPT):
+                                s_hist[q * NT + tx] = 0
+                            T.sync_threads()
+                        if src == 2:
+                            # the list: one key per thread and step over its ne entries only (a tile's
+                            # 8 strips per thread would mostly hold key 0: the list is ~1.3k keys long)
+                            for q in T.serial(T.ceildiv(ne, NT)):
+                                kb[0] = T.if_then_else(q * NT + tx < ne, s_ck[q * NT + tx], ZERO)
+                                hist_key(kb, 0, mm, lo, hi, sh, s_hist, lane)
+                        else:
                             if src == 0:
-                                next_keys(scores, kb, kn, base, it, ne, tx)
-                            # entries past the end hold key 0, below lo: no bounds check, no branches
-                            for u in T.unroll(UNROLL):
-                                hist_key(kb, u, mm, lo, hi, sh, s_hist, lane)
-                    publish_min_max(mm[0], mm[1], s_mm, lane, warp)
-                    T.sync_threads()
+                                load_tile(scores, kn, base, 0, ne, tx)
+                            for it in T.serial(T.ceildiv(ne, TL)):
+                                if src == 0:
+                                    next_keys(scores, kb, kn, base, it, ne, tx)
+                                # entries past the end hold key 0, below lo: no bounds check, no branches
+                                for u in T.unroll(UNROLL):
+                                    hist_key(kb, u, mm, lo, hi, sh, s_hist, lane)
+                        publish_min_max(mm[0], mm[1], s_mm, lane, warp)
+                        T.sync_threads()
                     select_bin(kk, s_hist, s_scan, s_sel, tx, lane, warp)
                     gather_min_max(mm, s_mm, lane)
                     kmin = mm[0]
                     kmax = mm[1]
+                    # a resolve round may come next: its gather counter and zero padding (a compaction
+                    # zeroes s_cnt itself)
+                    if tx == 0:
+                        s_cnt[0] = 0
+                    if tx < V3_RES:
+                        s_small[tx] = ZERO
                     T.sync_threads()
                     lo_bin = lo + (T.Cast("uint32", s_sel[0]) << T.Cast("uint32", sh))
                     hi_bin = T.Cast("uint64", lo_bin) + ((T.uint64(1) << T.Cast("uint64", sh)) - T.uint64(1))
+                    if T.And(pre > 0, s_sel[0] == V3_NB - 1):
+                        hi_bin = T.uint64(0xFFFFFFFF)  # the pre-binned list's last bin holds every key above
+                    pre = 0
                     hi = T.Cast("uint32", T.min(T.Cast("uint64", hi), hi_bin))  # 64-bit: no wrap-around
                     lo = T.max(lo_bin, kmin)
                     hi = T.min(hi, kmax)
@@ -1387,7 +1449,10 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         thr = lo
                     if T.And(T.And(done == 0, src != 0), cnt <= V3_RES):
                         resolve = 1  # [lo, hi] holds exactly cnt keys: they are ranked directly next
-                    T.sync_threads()  # s_hist / s_sel / s_scan / s_mm are rewritten next
+                    if resolve == 0:
+                        # s_hist / s_sel / s_scan / s_mm are rewritten next (a resolve writes s_sel only
+                        # after its gather's barrier)
+                        T.sync_threads()
 
             if lead_only(take_all == 0, rank):
                 if src == 2:
@@ -1397,10 +1462,11 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     # the lower index, output in ascending index order).
                     run_def = 0  # packed (taken | ties << 16) counts of the earlier windows
                     for w in T.serial(T.ceildiv(e, win)):
-                        for q in T.serial(T.ceildiv(2 * bmw, NT)):
-                            if q * NT + tx < 2 * bmw:
-                                s_bm[q * NT + tx] = ZERO
-                        T.sync_threads()
+                        if w > 0:  # (the compaction cleared them for the first window)
+                            for q in T.serial(T.ceildiv(2 * bmw, NT)):
+                                if q * NT + tx < 2 * bmw:
+                                    s_bm[q * NT + tx] = ZERO
+                            T.sync_threads()
                         for q in T.serial(T.ceildiv(ne, NT)):
                             if q * NT + tx < ne:
                                 oi = s_ci[q * NT + tx] - w * win
@@ -1413,9 +1479,11 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         T.sync_threads()
                         c = 0
                         for x in T.unroll(wpt):
+                            wcnt[x] = 0
                             if tx * wpt + x < bmw:
-                                c = c + (T.Cast("int32", T.popcount(s_bm[tx * wpt + x]))
-                                         + T.Cast("int32", T.popcount(s_bm[bmw + tx * wpt + x])) * TIE)
+                                wcnt[x] = (T.Cast("int32", T.popcount(s_bm[tx * wpt + x]))
+                                           + T.Cast("int32", T.popcount(s_bm[bmw + tx * wpt + x])) * TIE)
+                            c = c + wcnt[x]
                         warp_scan(c, incl, s_scan, lane, warp)
                         T.sync_threads()
                         wtot = per_warp(s_scan, 0, lane, 0)
@@ -1426,8 +1494,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         for x in T.unroll(wpt):
                             if tx * wpt + x < bmw:
                                 s_hist[tx * wpt + x] = wpre
-                                wpre = wpre + (T.Cast("int32", T.popcount(s_bm[tx * wpt + x]))
-                                               + T.Cast("int32", T.popcount(s_bm[bmw + tx * wpt + x])) * TIE)
+                                wpre = wpre + wcnt[x]
                         T.sync_threads()
                         for q in T.serial(T.ceildiv(ne, NT)):
                             if q * NT + tx < ne:
@@ -1445,7 +1512,8 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                         emit(scores, offset, cand, table, values, indices, row, base,
                                              d_before + T.min(t_before, kk), oi + w * win)
                         run_def = run_def + wtot
-                        T.sync_threads()  # s_bm / s_hist / s_scan are rewritten by the next window
+                        if w + 1 < T.ceildiv(e, win):
+                            T.sync_threads()  # s_bm / s_hist / s_scan are rewritten by the next window
                 else:
                     # ordered pass over the row: keys above hi, and the first kk keys in [lo, hi]; it
                     # stops once all k lanes are found (tie-heavy rows: usually after the first tile).

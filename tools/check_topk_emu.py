@@ -203,6 +203,9 @@ SETS = {
         # v3's one-tile rows (keys in registers, 12-bit radix passes over them)
         GpuCase("special", 3, 8192, 1000, "random", "bf16"), GpuCase("ties50", 2, 8192, 300, "random", mode="sorted_index"),
         GpuCase("ascending", 2, 8192, 4095, "random", mode="sorted"), GpuCase("tiny", 2, 8192, 2, "random"),
+        # the k-th largest far above the sample (the pre-binned list's last bin) or below the outliers
+        GpuCase("outliers", 2, 131072, 300), GpuCase("outliers", 1, 131072, 2048),
+        GpuCase("outliers", 2, 32768, 300, mode="sorted"),
     ],
 }
 
