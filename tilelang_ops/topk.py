@@ -583,6 +583,9 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # cp.async of each thread's own entries, issued before the sample, one cp.async.wait_all before the
 # compaction, which then read shared memory): GPU-exact (test_topk 300 passed) but b64n32768 16.5 -> 18.8 us
 # (equal 18.7 -> 20.9): the sample's loads queue behind the row's copies, and the sample gates the compaction.
+# Also dropped (session 23): the compaction's first tile alone prefetched into the L2 (prefetch.global.L2, a
+# line per thread) right after the sample's loads, so the compaction would start on L2 hits: GPU-exact, but
+# b64n32768 16.16 -> 16.35 us, b128n131072 32.38 -> 32.42 (randn; few 16.80 -> 16.96).
 # Also dropped: reading the compaction's first tile into registers together with the sample (so its
 # latency passes during the sample's histogram): GPU-tested, but slower (us, randn: b128n131072 42.2 ->
 # 43.1, b64n32768 21.2 -> 21.9, b1n65536 24.1 -> 24.8, v1 peers unchanged).
