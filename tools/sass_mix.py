@@ -1,0 +1,115 @@
+"""Static SASS of a kernel the benchmarks launch, without a GPU: lower it and nvcc-compile its CUDA for
+sm_90a with TileLang's flags, then disassemble it. Prints ptxas's registers / spills, the instruction
+count, the opcode mix and the barriers, and writes <case>.cu / .sass to --out (default /tmp/sass). The
+remaining top-k and FP4-index targets are bound by issued instructions (bench_results/h200.txt), so a
+candidate change can be counted here before it costs device time; the counts are static (every path of
+the kernel once), not what one launch executes.
+
+Needs a cuobjdump: $CUOBJDUMP, one on PATH, or the one Triton's wheel carries (no GPU needed):
+    pip download --no-deps --only-binary=:all: triton -d /tmp/trw
+    unzip -o -q /tmp/trw/triton-*.whl 'triton/backends/nvidia/bin/*' -d /tmp/trx
+    export CUOBJDUMP=/tmp/trx/triton/backends/nvidia/bin/cuobjdump
+
+    PYTHONPATH=. python tools/sass_mix.py topk:64x8192 topk:128x131072 kv_store:fp4_index [--out DIR]
+
+Cases: topk:BxN (FP32 scores, topk(x, k, return_value=False), the launch v3 picks for B rows of N on the
+H200: 132 SMs, a 60 MiB L2), kv_store:FORMAT[:ROWS] (the benchmark's launch, default 1M rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+H200_SMS, H200_L2 = 132, 60 << 20
+
+
+def kernel_args(case: str) -> tuple:
+    """(module, factory name, static arguments) of a case."""
+    op, spec = case.split(":", 1)
+    if op == "topk":
+        import tilelang_ops.topk as tk
+
+        b, n = (int(v) for v in spec.split("x"))
+        static = ("float32", "int32", "int32", tk._cache_cap(n), False, False, -1, float("-inf"), "topk", 0,
+                  1)
+        name, args = tk._jit_args(*static, "v3", **tk._v3_launch(b, n, H200_SMS, 4, H200_L2))
+        return tk, name, args
+    if op == "kv_store":
+        import tilelang_ops.kv_store as K
+        from benchmarks.bench_kv_store import FORMATS
+        from tools.warm_bench_kernels import FACTORIES, _kv_static
+
+        fmt_name, _, rows = spec.partition(":")
+        fmt, hadamard = next((f, h) for f, h in FORMATS if f.name == fmt_name)
+        return K, FACTORIES[K.VARIANT], _kv_static(K.VARIANT, fmt, hadamard, int(rows or 1 << 20))
+    raise ValueError(f"unknown case {case!r} (topk:BxN or kv_store:FORMAT[:ROWS])")
+
+
+def cuobjdump() -> str:
+    path = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if not path:
+        raise SystemExit("no cuobjdump: set CUOBJDUMP (see this file's docstring)")
+    return path
+
+
+def sass_of(case: str, out: str) -> str:
+    """Compile the case and return its SASS text (also written to out)."""
+    import tilelang
+    from tilelang.env import CUTLASS_INCLUDE_DIR, TILELANG_TEMPLATE_PATH
+
+    from tilelang_ops.build import compile_for_sm90
+
+    mod, name, args = kernel_args(case)
+    src = compile_for_sm90(getattr(mod, name), *args).get_kernel_source()
+    stem = os.path.join(out, re.sub(r"[^A-Za-z0-9_]+", "_", case))
+    with open(stem + ".cu", "w") as f:
+        f.write(src)
+    tvm_inc = os.path.join(os.path.dirname(tilelang.__file__), "3rdparty", "tvm", "include")
+    cmd = ["nvcc", "-std=c++20", "-w", "-lineinfo", "-cubin", "-gencode", "arch=compute_90a,code=sm_90a",
+           "--ptxas-options=--verbose", "-I" + TILELANG_TEMPLATE_PATH, "-I" + CUTLASS_INCLUDE_DIR,
+           "-I" + tvm_inc, "-o", stem + ".cubin", stem + ".cu"]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    for line in res.stderr.splitlines():
+        if "registers" in line or "spill" in line:
+            print(f"{case}: {line.strip()}")
+    sass = subprocess.run([cuobjdump(), "-sass", stem + ".cubin"], capture_output=True, text=True,
+                          check=True).stdout
+    with open(stem + ".sass", "w") as f:
+        f.write(sass)
+    return sass
+
+
+def mix(sass: str) -> collections.Counter:
+    """Opcode (without modifiers) of every instruction, predicated or not."""
+    ops = collections.Counter()
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
+        if m:
+            ops[m.group(1)] += 1
+    return ops
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cases", nargs="+")
+    ap.add_argument("--out", default="/tmp/sass")
+    ap.add_argument("--top", type=int, default=16)
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    for case in a.cases:
+        ops = mix(sass_of(case, a.out))
+        total = sum(ops.values())
+        print(f"{case}: {total} SASS instructions, {ops['BAR']} barriers; "
+              + ", ".join(f"{op} {100 * c / total:.1f}%" for op, c in ops.most_common(a.top)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
