@@ -589,11 +589,21 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # Also dropped: reading the compaction's first tile into registers together with the sample (so its
 # latency passes during the sample's histogram): GPU-tested, but slower (us, randn: b128n131072 42.2 ->
 # 43.1, b64n32768 21.2 -> 21.9, b1n65536 24.1 -> 24.8, v1 peers unchanged).
+# Also dropped (session 24): the whole row of the 32768 tier copied into shared memory by the TMA
+# (cp.async.bulk in 16 KiB chunks, one mbarrier, thread 0 issuing it as soon as the sample's loads had
+# returned, so the copy would overlap the sample's histogram and selection), every later read of the row
+# from there: exact (CPU emulator, mid and adv sets), but 64 x 32768 16.21 -> 17.22 us (few 16.70 -> 17.41,
+# equal 19.20 -> 21.47, sorted 15.33 -> 16.05; tools/ab_topk.py). tools/probe_row_read.py says why: after the
+# harness's L2 flush, 64 CTAs read their 128 KiB rows in 3.8 us above an empty launch with a tile of 8 loads a
+# thread in flight, the same with 32 in flight, 4.4 us by 16-byte cp.async and 4.6 us by the TMA; the read is
+# bound by the memory system (the flush's dirty lines are written back as it goes), not by the loads a thread
+# keeps in flight, and the TMA's copy, waited for whole, also stops the compaction's work overlapping it.
 # Bitmap words per class (taken / tie): ranks are computed over windows of 131072 indices (32 KiB of
 # bitmaps, word prefixes in s_hist, which has as many entries), so rows up to 131072 take one window.
 V3_BMW = 4096
 # Sample runs of 32 per warp for rows of the 32768 tier (2048 entries at 1024 threads, 1/16 to 1/4 of the
-# row); uncached rows keep UNROLL (8192 entries).
+# row); uncached rows keep UNROLL (8192 entries). H200, 64 x 32768, k = 2048, us (randn / few / equal), 2 ->
+# 1 / 4 runs: 16.06 / 16.67 / 19.17 -> 16.58 / 16.45 / 19.01 and 16.22 / 16.99 / 19.17 (session 24).
 V3_SAMPLE_SHORT = 2
 # The sampled bound thr is the lower edge of the V3_NB-bin histogram bin of the sample's kt-th largest key,
 # kt = mu + V3_SAMPLE_SD * sqrt(mu) + V3_SAMPLE_PAD with mu = k * sample / row the expected sample count
@@ -601,7 +611,7 @@ V3_SAMPLE_SHORT = 2
 # passes read the row: slower, still exact) with probability ~3e-6 on i.i.d. scores. Fewer candidates mean
 # fewer compaction stores and a shorter list: randn 128 x 131072, k = 2048, goes from ~4.8k candidates
 # (the former kt = 1.25 mu + 64, over 2048 bins: ~8 sd) to ~3.4k (a numpy model of the sample and its bins).
-V3_SAMPLE_SD = 4.5
+V3_SAMPLE_SD = 4.5  # 3.5 measured the same (64 x 32768 16.06 us; 128 x 131072 32.37 -> 32.27; session 24)
 V3_SAMPLE_PAD = 8
 # The bins span the sample's [min, max]: 2^20 keys each on randn (whose sample spans both signs), a quarter
 # of a unit at |x| ~ 2.5, so a bin's lower edge can sit well below the kt-th sample key, and a long row
