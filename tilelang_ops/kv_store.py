@@ -54,7 +54,8 @@ all of its lanes through shared memory), ``amax_bf16x2`` (a chunk's amax from it
 ``rcp_norm`` (the norm's reciprocal as rcp.rn), ``hadamard_mma`` (FP4 index rows: 4 of the Hadamard's 7 levels
 on the tensor cores; the one option that may move a byte, by one step, within the issue's tolerance) and
 ``pred_store`` (predicated stores); with the defaults (``V3_OPTIONS``, ``MIN_CTAS_V3``) 1M rows take fp8 427
-us (0.90 of the copy roofline), fp4 main 435 (0.747), fp4 index 147-150 (0.54-0.55, two rows per thread),
+us (0.90 of the copy roofline), fp4 main 435 (0.747), fp4 index 147-150 (0.54-0.55, two rows per thread;
+142.8 with the cast's (k, k + 4) pairing after the Hadamard, session 24: 0.56),
 bf16 569 (0.89).
 "v2" is v1 with fewer SASS instructions (``make_row_store(fast=True)``): the sum of squares as FFMAs
 (x is BF16-valued, so x*x is exact in FP32 and ``ss + x*x`` rounds once either way; only products
@@ -150,7 +151,10 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     ``e2m1_bf16x2`` (v3 option, UE8M0 e2m1 only, i.e. FP4 index rows; the kernel must declare
     ``BF16X2_PRELUDE``): the cast reads the last stage's packed BF16 pairs. A power-of-two scale makes
     z = y / sf exact, so the scale comes from amax's bits (no division), the codes from one BF16x2 FMA
-    per pair, and 8 codes pack into a word with 3 byte permutes (see the cast stage).
+    per pair, and 8 codes pack into a word with 3 byte permutes (see the cast stage). After the Hadamard,
+    whose last rounding may pair any two values, a word holds elements (k, k + 4) of an 8-element group
+    (k = 0, 2, 1, 3 in its four words) and 8 codes pack with 2 byte permutes, 2 sign-replicating permutes
+    (``tl_kvs_sign_bytes``) and 4 logic ops (1446 -> 1376 SASS per thread at R = 2, the same bytes).
     ``scale_mul`` (v3 option, e4m3 scales, i.e. FP4 main rows): ``amax * RN(1/6)`` instead of the IEEE
     division ``amax / 6`` before the e4m3 rounding (equal for every BF16-valued amax, which the cast
     input always is: tests/test_kv_store.py checks all of them).
@@ -206,6 +210,8 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     hadamard_mma = hadamard and hadamard_mma and hadamard_mma_fits(fmt, C)
     assert not e2m1_noclamp or inv_table, "e2m1_noclamp tests the scale byte and amax / 6 of inv_table"
     assert not inv_table or e2m1_fma, "the table holds 2 / sf, the scale e2m1_fma multiplies by"
+    # e2m1_bf16x2 after the Hadamard: its final BF16 rounding pairs elements (k, k + 4) (see the docstring)
+    cast_pairs_k4 = e2m1_bf16x2 and hadamard
     if e2m1_bf16x2:
         floor16 = struct.unpack("<I", struct.pack("<f", fmt.amax_floor))[0]
         assert fmt.qmax == 6.0 and lanes_per_group == 2 and floor16 & 0xFFFF == 0, fmt  # a BF16 floor
@@ -506,7 +512,18 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         if hadamard:  # either form: times the FP32 constant n**-0.5, then BF16
             for j in T.unroll(C * VEC):
                 z[j] = T.ieee_mul(y[j], _f32(dim ** -0.5))
-            round_to_bf16(z, y, yb, 0, C)
+            if cast_pairs_k4:
+                # only the cast reads the result, from yb's words: word 4 w + q of a chunk holds elements
+                # (k, k + 4) of its 8-group w, k = 0, 2, 1, 3 for q = 0 .. 3 (one cvt.rn.bf16x2 each)
+                kw = T.view(yb, [C * VEC // 2], "uint32")
+                for c in T.unroll(C):
+                    for w in T.unroll(VEC // 8):
+                        for q in T.unroll(4):  # k = 0, 2, 1, 3 = (q % 2) * 2 + q // 2
+                            kw[c * VEC // 2 + 4 * w + q] = T.call_extern(
+                                "uint32", "tl_kvs_f2bf16x2", z[c * VEC + 8 * w + (q % 2) * 2 + q // 2],
+                                z[c * VEC + 8 * w + (q % 2) * 2 + q // 2 + 4])
+            else:
+                round_to_bf16(z, y, yb, 0, C)
 
         # ---- cast: one scale per group (a group spans 2 chunks q, q ^ 1 of lanes lane, lane ^ 1, or
         # is one 16-element chunk)
@@ -550,9 +567,24 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                         "uint32", "tl_kvs_bf16x2_fma", aw[j], ((T.uint32(255) - e8) << T.uint32(7))
                         * T.uint32(0x10001),
                         g2 + (g2 >> T.uint32(6)) + (T.uint32(17152) - e8 * T.uint32(130)) * T.uint32(0x10001))
+                if cast_pairs_k4:
+                    # pack (words q = 0 .. 3 of group w hold elements (0, 4), (2, 6), (1, 5), (3, 7)): the
+                    # code bytes of elements 0, 2, 4, 6 and of 1, 3, 5, 7 (PRMT), each OR the signs of y
+                    # (sign-replicating PRMT of its BF16 high bytes, bit 3 kept), then nibble k = element k
+                    for w in T.unroll(VEC // 8):
+                        pe = T.call_extern("uint32", "__byte_perm", tw[4 * w], tw[4 * w + 1],
+                                           T.uint32(0x6240))
+                        po = T.call_extern("uint32", "__byte_perm", tw[4 * w + 2], tw[4 * w + 3],
+                                           T.uint32(0x6240))
+                        pe = pe | (T.call_extern("uint32", "tl_kvs_sign_bytes", yw[c * VEC // 2 + 4 * w],
+                                                 yw[c * VEC // 2 + 4 * w + 1]) & T.uint32(0x08080808))
+                        po = po | (T.call_extern("uint32", "tl_kvs_sign_bytes", yw[c * VEC // 2 + 4 * w + 2],
+                                                 yw[c * VEC // 2 + 4 * w + 3]) & T.uint32(0x08080808))
+                        words[c * (VEC // 8) + w] = ((pe & T.uint32(0x0F0F0F0F))
+                                                     | ((po << T.uint32(4)) & T.uint32(0xF0F0F0F0)))
                 # pack: bytes [code 2k, code 2k+1, ...] of 2 pairs (PRMT), the signs of y into bit 3 of
                 # each byte, then nibble pairs (byte i | byte i+1 << 4) and bytes 0, 2 of two such words
-                for w in T.unroll(VEC // 8):
+                for w in T.unroll(0 if cast_pairs_k4 else VEC // 8):
                     for h in T.unroll(2):
                         pc = T.call_extern("uint32", "__byte_perm", tw[4 * w + 2 * h], tw[4 * w + 2 * h + 1],
                                            T.uint32(0x6420))
@@ -832,6 +864,15 @@ __device__ __forceinline__ unsigned tl_kvs_bf16x2_max(unsigned a, unsigned b) {
   __nv_bfloat162 r = __hmax2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
   return *reinterpret_cast<unsigned*>(&r);
 }
+__device__ __forceinline__ unsigned tl_kvs_f2bf16x2(float lo, float hi) {
+  __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<unsigned*>(&r);
+}
+__device__ __forceinline__ unsigned tl_kvs_sign_bytes(unsigned a, unsigned b) {
+  unsigned r;
+  asm("prmt.b32 %0, %1, %2, 0xFBD9;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
 """
 
 
@@ -1033,7 +1074,8 @@ CHUNKS = {"fp8_main": 2, "fp4_main": 2, "fp4_index": 2, "bf16": 2}
 # (0.90; GPU-tested at 7). BF16 stays at 5 (6 with rope_spread 566.6, without 613.2, against 565.6).
 # FP4 index rows with hadamard_mma and pred_store (session 19) run best at 4 (122 registers, no spill): 1M
 # rows 151.2 us at 4, 154.2 at 3; R = 4 at 4 / 3: 168.4 / 165.3. With one MMA for both chunks (below): 147.3 /
-# 146.9 at 4, 148.0 at 5.
+# 146.9 at 4, 148.0 at 5. With the cast's (k, k + 4) pairing (session 24, 124 registers): 147.1 -> 142.8 us
+# (65536 rows 13.0 -> 12.5; tools/ab_kv_store.py, 7 rounds in turn).
 MIN_CTAS_V3 = {"fp8_main": 7, "fp4_main": 6, "fp4_index": 4, "bf16": 5}
 # Tried on the H200 and dropped: CTA bx prefetching into L2 (prefetch.global.L2) the rows of CTA bx + one /
 # two waves (SMs x MIN_CTAS_V3 CTAs); at 1M rows, us without -> one wave / two waves: fp8 538 -> 541 / 690,

@@ -57,6 +57,16 @@ inline uint tl_kvs_bf16x2_max(uint a, uint b) {
   return r; }
 inline uint __vmaxu2(uint a, uint b) {
   return std::max(a & 0xFFFFu, b & 0xFFFFu) | (std::max(a >> 16, b >> 16) << 16); }
+inline uint kvs_f2bf(float f) {  // cvt.rn.bf16.f32 (RNE; a NaN stays a quiet NaN)
+  uint u; memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (u >> 16) | 0x40u;
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16; }
+inline uint tl_kvs_f2bf16x2(float lo, float hi) { return kvs_f2bf(lo) | (kvs_f2bf(hi) << 16); }
+// prmt.b32 with selector 0xFBD9: bytes 1, 5, 3, 7 of {b, a} sign-replicated (0x00 / 0xFF)
+inline uint tl_kvs_sign_bytes(uint a, uint b) {
+  unsigned long long v = ((unsigned long long)b << 32) | a; uint r = 0; const int sel[4] = {1, 5, 3, 7};
+  for (int n = 0; n < 4; ++n) r |= (((v >> (8 * sel[n] + 7)) & 1ull) ? 0xFFu : 0u) << (8 * n);
+  return r; }
 inline uint __byte_perm(uint x, uint y, uint s) {
   unsigned long long v = ((unsigned long long)y << 32) | x; uint r = 0;
   for (int n = 0; n < 4; ++n) r |= (uint)((v >> (8 * ((s >> (4 * n)) & 7))) & 0xFF) << (8 * n);
