@@ -248,10 +248,10 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         """(data, scale) byte offsets of slot s's row in the flat cache (SPEC 2: per-row formats keep the
         scales after the row's data, block-section formats after the block's rows)."""
         if fmt.block_sections:
-            blk = (s // rows_per_block) * (rows_per_block * fmt.row_bytes)
+            blk = T.Cast("int64", s // rows_per_block) * (rows_per_block * fmt.row_bytes)
             return (blk + (s % rows_per_block) * fmt.data_bytes,
                     blk + rows_per_block * fmt.data_bytes + (s % rows_per_block) * fmt.scale_bytes)
-        return s * fmt.row_bytes, s * fmt.row_bytes + fmt.data_bytes
+        return T.Cast("int64", s) * fmt.row_bytes, T.Cast("int64", s) * fmt.row_bytes + fmt.data_bytes
 
     def rope_pair_channels(p):
         """rope_spread: the channels (less rope0) of RoPE pair p, a and b: (2p, 2p + 1) interleaved, (p, p +
@@ -348,7 +348,11 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
 
         # ---- cos / sin of the rotated chunks, loaded first so their latency overlaps the norm. The
         # position is clamped for the loads only (a bad position's row is not stored).
-        pos = T.min(T.max(T.Cast("int32", position), 0), max_pos - 1)
+        if pred_store:  # (v3) one unsigned compare; the row is stored only when it holds
+            pos = T.if_then_else(T.Cast("uint64", position) < T.Cast("uint64", max_pos),
+                                 T.Cast("int32", position), 0)
+        else:
+            pos = T.min(T.max(T.Cast("int32", position), 0), max_pos - 1)
         if rope_spread:  # this lane's pairs lane * npl .. + npl - 1 (either convention: pair p, frequency p)
             for j in T.vectorized(npl):
                 cs[j] = cos[pos, lane * npl + j]
@@ -713,11 +717,14 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
         # ---- store at the slot (bad slots / positions are skipped, never written out of bounds)
         if pred_store:
             # predicated stores (no branch): the row's address from slot 0 when it is not stored
+            # (unsigned compares: a negative slot or position is out of range; the wrapper keeps capacity
+            # below 2^31, so a stored slot fits an int32 and only the block's byte offset needs 64 bits)
             ok = T.alloc_var("int32")  # one definition (the stores' predicates and the address)
-            ok = T.Cast("int32", row_ok and slot >= 0 and slot < capacity and position >= 0
-                        and position < max_pos)
-            pslot = T.if_then_else(ok != 0, slot, T.int64(0))
-            pdata, pscale = slot_bases(pslot)
+            ok = T.Cast("int32", row_ok and T.Cast("uint64", slot) < T.Cast("uint64", capacity)
+                        and T.Cast("uint64", position) < T.Cast("uint64", max_pos))
+            ps32 = T.alloc_var("int32")
+            ps32 = T.if_then_else(ok != 0, T.Cast("int32", slot), 0)
+            pdata, pscale = slot_bases(ps32)
             src32 = T.view({"bf16": yb, "e4m3": f8}.get(kind, words), [C * out_bytes // 4], "uint32")
             for c in T.unroll(C):
                 for v in T.unroll(out_bytes // store_vec):
@@ -964,20 +971,31 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
     cache_bytes = T.dynamic("cache_bytes", "int64")
     block_bytes = rows_per_block * fmt.row_bytes
 
+    # v3 with pred_store (FP4 rows) keeps each row index in an int32 local (rix, filled by load_rows), so its
+    # clamp is not widened to 64 bits at every use as a buffer index. H200, 1M rows, us (together with
+    # pred_store's 32-bit slot and position checks, session 24): fp4 main 435.1 -> 424.6, fp4 index 142.3 ->
+    # 139.1; but on FP8 main 426.6 -> 437.2 and BF16 570.3 -> 590.8 (no pred_store there), so not for them.
+    rows32 = pred_store and C > 1
+
+    def row_of(rix, g, k, tx):
+        """Row k of group g for this thread, clamped to the last row."""
+        return rix[k] if rows32 else T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1)
+
     @T.macro
-    def load_rows(kv, positions, slots, xb, posv, slotv, g, tx, lane, rows):
+    def load_rows(kv, positions, slots, xb, posv, slotv, rix, g, tx, lane, rows):
         """Row group g's R rows (this lane's chunks), positions and slots (rows clamped to the last)."""
+        if rows32:
+            for k in T.unroll(R):
+                rix[k] = T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1)
         for k in T.unroll(R):
             for c in T.unroll(C):
                 for v in T.unroll(2):
                     for i in T.vectorized(8):
-                        xb[(k * C + c) * VEC + v * 8 + i] = kv[
-                            T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1),
-                            (lane + c * lanes) * VEC + v * 8 + i]
+                        xb[(k * C + c) * VEC + v * 8 + i] = kv[row_of(rix, g, k, tx),
+                                                               (lane + c * lanes) * VEC + v * 8 + i]
         for k in T.unroll(R):
-            posv[k] = T.Cast("int64",
-                             positions[T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1)])
-            slotv[k] = T.Cast("int64", slots[T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1)])
+            posv[k] = T.Cast("int64", positions[row_of(rix, g, k, tx)])
+            slotv[k] = T.Cast("int64", slots[row_of(rix, g, k, tx)])
 
     @T.macro
     def widen_row(xw, x, k):
@@ -987,7 +1005,7 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
             x[2 * i + 1] = T.reinterpret(xw[k * C * VEC // 2 + i] & T.uint32(0xFFFF0000), "float32")
 
     @T.macro
-    def store_rows(xb, x, weights, posv, slotv, g, tx, lane, rows, cos, sin, cache, out_norm, max_pos,
+    def store_rows(xb, x, weights, posv, slotv, rix, g, tx, lane, rows, cos, sin, cache, out_norm, max_pos,
                    capacity, eps):
         """Widen row group g's loaded rows and run the row pipeline on each (``weights``: the lane's FP32
         weights in registers, or with ``weight_smem`` the CTA's shared copy)."""
@@ -1000,8 +1018,8 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
         for k in T.unroll(R):
             widen_row(xw, x, k)
             row_store(x, lane, weights, cos, sin, cache, out_norm, posv[k], slotv[k],
-                      (g * R + k) * rows_per_cta + tx // lanes < rows,
-                      T.min((g * R + k) * rows_per_cta + tx // lanes, rows - 1), max_pos, capacity,
+                      (g * R + k) * rows_per_cta + tx // lanes < rows, row_of(rix, g, k, tx), max_pos,
+                      capacity,
                       rs[k] if rstd_first else eps)
 
     @T.prim_func
@@ -1028,8 +1046,9 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
             wf = T.alloc_local([C * VEC], "float32")
             posv = T.alloc_local([R], "int64")
             slotv = T.alloc_local([R], "int64")
+            rix = T.alloc_local([R], "int32")  # (rows32) the rows, clamped
             # every load first: R rows (tail rows redo the last row: they must shuffle, store nothing)
-            load_rows(kv, positions, slots, xb, posv, slotv, bx, tx, lane, rows)
+            load_rows(kv, positions, slots, xb, posv, slotv, rix, bx, tx, lane, rows)
             if weight_smem:
                 assert dim % THREADS == 0, (dim, THREADS)  # every thread fills dim / THREADS weights
                 s_w = T.alloc_shared([dim], "float32")
@@ -1051,7 +1070,7 @@ def _kv_store_prim(fmt_name, rope_dim, interleaved, hadamard, has_out_norm, rows
                 else:
                     for i in T.unroll(C * VEC):
                         wf[i] = T.Cast("float32", wl[i])
-            store_rows(xb, x, s_w if weight_smem else wf, posv, slotv, bx, tx, lane, rows, cos, sin,
+            store_rows(xb, x, s_w if weight_smem else wf, posv, slotv, rix, bx, tx, lane, rows, cos, sin,
                        cache, out_norm, max_pos,
                        capacity if C > 1 else (cache_bytes // block_bytes) * rows_per_block, eps)
 
@@ -1279,6 +1298,9 @@ def norm_rope_hadamard_cast_store(kv, norm_weight, eps, cos, sin, positions, slo
                     ("out_norm", out_norm)):
         if t is not None and t.is_contiguous() and t.data_ptr() % 16:
             raise ValueError(f"{name} must start at a 16-byte aligned address, got {t.data_ptr():#x}")
+    if geom.num_slots >= 1 << 31:  # (v3 computes a stored slot's address from its int32 value)
+        raise ValueError(f"norm_rope_hadamard_cast_store: kv_cache holds {geom.num_slots} slots, the kernels "
+                         f"address at most 2^31 - 1")
     if debug_checks_enabled():
         check_store_values(positions, slot_mapping, geom)
     if geom.rows == 0:
