@@ -55,7 +55,8 @@ all of its lanes through shared memory), ``amax_bf16x2`` (a chunk's amax from it
 on the tensor cores; the one option that may move a byte, by one step, within the issue's tolerance) and
 ``pred_store`` (predicated stores); with the defaults (``V3_OPTIONS``, ``MIN_CTAS_V3``) 1M rows take fp8 427
 us (0.90 of the copy roofline), fp4 main 435 (0.747), fp4 index 147-150 (0.54-0.55, two rows per thread;
-142.8 with the cast's (k, k + 4) pairing after the Hadamard, session 24: 0.56),
+142.8 with the cast's (k, k + 4) pairing after the Hadamard, session 24: 0.56; with 32-bit slot, position and
+row math in the pred_store kernels fp4 main 424.6 (0.76) and fp4 index 139.2 (0.58)),
 bf16 569 (0.89).
 "v2" is v1 with fewer SASS instructions (``make_row_store(fast=True)``): the sum of squares as FFMAs
 (x is BF16-valued, so x*x is exact in FP32 and ``ss + x*x`` rounds once either way; only products
