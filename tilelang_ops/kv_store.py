@@ -587,19 +587,20 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
                                                  yw[c * VEC // 2 + 4 * w + 3]) & T.uint32(0x08080808))
                         words[c * (VEC // 8) + w] = ((pe & T.uint32(0x0F0F0F0F))
                                                      | ((po << T.uint32(4)) & T.uint32(0xF0F0F0F0)))
-                # pack: bytes [code 2k, code 2k+1, ...] of 2 pairs (PRMT), the signs of y into bit 3 of
-                # each byte, then nibble pairs (byte i | byte i+1 << 4) and bytes 0, 2 of two such words
-                for w in T.unroll(0 if cast_pairs_k4 else VEC // 8):
-                    for h in T.unroll(2):
-                        pc = T.call_extern("uint32", "__byte_perm", tw[4 * w + 2 * h], tw[4 * w + 2 * h + 1],
-                                           T.uint32(0x6420))
-                        ps = T.call_extern("uint32", "__byte_perm", yw[c * VEC // 2 + 4 * w + 2 * h],
-                                           yw[c * VEC // 2 + 4 * w + 2 * h + 1], T.uint32(0x7531))
-                        pc = pc | ((ps >> T.uint32(4)) & T.uint32(0x08080808))
-                        tw[4 * w + h] = ((pc & T.uint32(0x0F0F0F0F))
-                                         | ((pc >> T.uint32(4)) & T.uint32(0xF0F0F0F0)))
-                    words[c * (VEC // 8) + w] = T.call_extern("uint32", "__byte_perm", tw[4 * w],
-                                                              tw[4 * w + 1], T.uint32(0x6420))
+                else:
+                    # pack: bytes [code 2k, code 2k+1, ...] of 2 pairs (PRMT), the signs of y into bit 3 of
+                    # each byte, then nibble pairs (byte i | byte i+1 << 4) and bytes 0, 2 of two such words
+                    for w in T.unroll(VEC // 8):
+                        for h in T.unroll(2):
+                            pc = T.call_extern("uint32", "__byte_perm", tw[4 * w + 2 * h],
+                                               tw[4 * w + 2 * h + 1], T.uint32(0x6420))
+                            ps = T.call_extern("uint32", "__byte_perm", yw[c * VEC // 2 + 4 * w + 2 * h],
+                                               yw[c * VEC // 2 + 4 * w + 2 * h + 1], T.uint32(0x7531))
+                            pc = pc | ((ps >> T.uint32(4)) & T.uint32(0x08080808))
+                            tw[4 * w + h] = ((pc & T.uint32(0x0F0F0F0F))
+                                             | ((pc >> T.uint32(4)) & T.uint32(0xF0F0F0F0)))
+                        words[c * (VEC // 8) + w] = T.call_extern("uint32", "__byte_perm", tw[4 * w],
+                                                                  tw[4 * w + 1], T.uint32(0x6420))
             elif kind == "bf16":
                 for j in T.unroll(VEC):
                     yb[j] = T.Cast("bfloat16", y[j])

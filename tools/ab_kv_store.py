@@ -13,17 +13,16 @@ A variant is TAG@PATH, TAG:ENV=VALUE[,ENV=VALUE...] or both (TAG@PATH:ENV=VALUE)
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
 import multiprocessing as mp
 import os
 import re
 import statistics
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-OUT_DIR = os.path.join(ROOT, ".cache", "ab_kv_store")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.bench_kv_store import _env  # noqa: E402
+from tools.ab_topk import load as load_op  # noqa: E402
+from tools.ab_topk import module_file  # noqa: E402
 
 
 def parse_variant(spec: str) -> tuple:
@@ -33,43 +32,11 @@ def parse_variant(spec: str) -> tuple:
     env = dict(s.split("=", 1) for s in sets.split(",") if s)
     if not re.fullmatch(r"[A-Za-z0-9_]+", tag):
         raise SystemExit(f"bad --variant {spec!r}: TAG[@PATH][:ENV=VALUE,...]")
-    if path:  # a real file under .cache (TileLang reads a prim_func's source)
-        os.makedirs(OUT_DIR, exist_ok=True)
-        out = os.path.join(OUT_DIR, f"kv_store_ab_{tag}.py")
-        text = open(path).read()
-        if not os.path.exists(out) or open(out).read() != text:
-            with open(out, "w") as f:
-                f.write(text)
-        path = out
-    return tag, path or None, env
+    return tag, module_file("kv_store", tag, path) if path else None, env
 
 
 def load(tag: str, path: str | None):
-    if path is None:
-        import tilelang_ops.kv_store as mod
-
-        return mod
-    name = f"tilelang_ops.kv_store_ab_{tag}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-@contextlib.contextmanager
-def environ(env: dict):
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
+    return load_op("kv_store", tag, path)
 
 
 def case_inputs(case: str):
@@ -90,7 +57,7 @@ def call(mod, fmt, hadamard, data, cache):
 def warm(job) -> str:
     tag, path, env, cases = job
     mod = load(tag, path)
-    with environ(env):
+    with _env(**env):
         for case in cases:
             fmt, hadamard, data = case_inputs(case)
             call(mod, fmt, hadamard, data, data[-1])
@@ -123,7 +90,7 @@ def main() -> None:
         want = None
         for tag, (mod, env) in mods.items():
             cache = torch.zeros_like(data[-1])
-            with environ(env):
+            with _env(**env):
                 call(mod, fmt, hadamard, data, cache)
             if want is None:
                 want = cache
@@ -131,7 +98,7 @@ def main() -> None:
                 print(f"{tag}: {int((cache != want).sum())} cache bytes differ from base on {case}")
         for _ in range(args.rounds):
             for tag, (mod, env) in mods.items():
-                with environ(env):
+                with _env(**env):
                     us = time_us(lambda mod=mod, fmt=fmt, hadamard=hadamard, data=data:
                                  call(mod, fmt, hadamard, data, data[-1]))
                 times.setdefault((case, tag), []).append(us)

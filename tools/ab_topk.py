@@ -25,7 +25,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 SRC = os.path.join(ROOT, "tilelang_ops", "topk.py")
-OUT_DIR = os.path.join(ROOT, ".cache", "ab_topk")
+OUT_DIR = os.path.join(ROOT, ".cache", "ab")  # module copies of this tool and tools/ab_kv_store.py
 
 
 def parse_variant(spec: str) -> tuple:
@@ -38,27 +38,27 @@ def parse_variant(spec: str) -> tuple:
     return tag, path or SRC, overrides
 
 
-def module_file(tag: str, path: str, overrides: list) -> str:
-    """A copy of `path` with the overrides applied (a real file: TileLang reads a prim_func's source)."""
+def module_file(op: str, tag: str, path: str, overrides=()) -> str:
+    """A copy of `path` (a version of tilelang_ops/<op>.py) with the overrides applied, for variant `tag`
+    (a real file: TileLang reads a prim_func's source)."""
     text = open(path).read()
     for name, value in overrides:
         text, n = re.subn(rf"^{name} = .*$", f"{name} = {value}", text, count=1, flags=re.M)
         if n != 1:
             raise SystemExit(f"{name}: no top-level `{name} = ...` line in {path}")
     os.makedirs(OUT_DIR, exist_ok=True)
-    out = os.path.join(OUT_DIR, f"topk_ab_{tag}.py")
+    out = os.path.join(OUT_DIR, f"{op}_ab_{tag}.py")
     if not os.path.exists(out) or open(out).read() != text:
         with open(out, "w") as f:
             f.write(text)
     return out
 
 
-def load(tag: str, path: str | None):
+def load(op: str, tag: str, path: str | None):
+    """tilelang_ops.<op> itself (path None), else the module copy at `path` as tilelang_ops.<op>_ab_<tag>."""
     if path is None:
-        import tilelang_ops.topk as mod
-
-        return mod
-    name = f"tilelang_ops.topk_ab_{tag}"
+        return importlib.import_module(f"tilelang_ops.{op}")
+    name = f"tilelang_ops.{op}_ab_{tag}"
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -87,7 +87,7 @@ def _scores(dist, b, n):
 def warm(job) -> str:
     """Compile (into the disk cache) what variant `tag` launches on every case."""
     tag, path, cases, dists = job
-    mod = load(tag, path)
+    mod = load("topk", tag, path)
     for case in cases:
         b, n, k = parse_case(case)
         for dist in dists:
@@ -111,12 +111,12 @@ def main() -> None:
     variants = [("base", None)]
     for spec in args.variant:
         tag, path, overrides = parse_variant(spec)
-        variants.append((tag, module_file(tag, path, overrides)))
+        variants.append((tag, module_file("topk", tag, path, overrides)))
     jobs = [(tag, path, args.case, dists) for tag, path in variants]
     with mp.get_context("spawn").Pool(min(args.workers, len(jobs))) as pool:
         for tag in pool.imap_unordered(warm, jobs):
             print(f"compiled {tag}", flush=True)
-    mods = {tag: load(tag, path) for tag, path in variants}
+    mods = {tag: load("topk", tag, path) for tag, path in variants}
     times = {}
     for case in args.case:
         b, n, k = parse_case(case)
