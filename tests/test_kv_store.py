@@ -547,12 +547,17 @@ def test_hadamard_matrix_and_transform():
     assert hadamard_ref(small).float().tolist() == [5.0, -1.0, -2.0, 0.0]  # [10,-2,-4,0] * 0.5
 
 
-def hadamard_mma_model(x: torch.Tensor) -> torch.Tensor:
+def hadamard_mma_model(x: torch.Tensor, chain: int | None = None) -> torch.Tensor:
     """The Hadamard of kv_store's ``hadamard_mma`` option (128-wide rows), as a model of its order: the
-    sums over index bits 0, 1, 4, 5 exact and rounded once to FP32 (the tensor core's 16 products of BF16
-    and +-1, accumulated from 0), then FP32 butterflies over bits 2, 3, 6 (ascending: lo + hi, lo - hi),
-    then times the FP32 constant; BF16 result. Equal to ``hadamard_ref`` wherever no FP32 sum rounds."""
-    assert x.shape[-1] == 128, x.shape
+    sums over index bits 0, 1, 4, 5 of each A-tile (index bits 2, 3) exact (the tensor core's 16 products of
+    BF16 and +-1), ``chain`` (kv_store.HMMA_CHAIN when None) A-tiles accumulated in turn (the first from 0,
+    each MMA's sum rounded once to FP32), then FP32 butterflies over the remaining bits 2, 3, 6 (ascending:
+    lo + hi, lo - hi), then times the FP32 constant; BF16 result. Equal to ``hadamard_ref`` wherever no FP32
+    sum rounds."""
+    from tilelang_ops.kv_store import HMMA_CHAIN
+
+    chain = HMMA_CHAIN if chain is None else chain
+    assert x.shape[-1] == 128 and chain in (1, 2, 4), (x.shape, chain)
     lead = x.shape[:-1]
     y = x.double().reshape(*lead, 2, 2, 2, 2, 2, 2, 2)  # dims: index bits 6, 5, 4, 3, 2, 1, 0
 
@@ -563,26 +568,39 @@ def hadamard_mma_model(x: torch.Tensor) -> torch.Tensor:
 
     for bit in (0, 1, 4, 5):  # float64: 16 BF16 terms sum exactly (the test inputs' exponent spread)
         y = butterfly(y, bit)
-    y = y.float()
-    for bit in (2, 3, 6):
+    # A-tile a = index bits 2, 3: the outputs o of a chain of L tiles (a = g L + l) add (-1)^popcount(l & o)
+    # times tile l's exact sum to the previous MMA's FP32 result
+    e = y.reshape(*lead, 2, 2, 2, 4, 2, 2).movedim(-3, 0)  # [a] + lead + bits 6, 5, 4 / 1, 0
+    out = torch.empty_like(e)
+    for g in range(4 // chain):
+        for o in range(chain):
+            s = torch.zeros_like(e[0])
+            for li in range(chain):
+                sign = -1.0 if bin(li & o).count("1") % 2 else 1.0
+                s = (s + sign * e[g * chain + li]).float().double()
+            out[g * chain + o] = s
+    y = out.movedim(0, -3).reshape(*lead, 2, 2, 2, 2, 2, 2, 2).float()
+    for bit in (2, 3, 6)[chain.bit_length() - 1:]:
         y = butterfly(y, bit)
     return (y.reshape(*lead, 128) * torch.tensor(128 ** -0.5, dtype=torch.float32)).to(torch.bfloat16)
 
 
-def test_hadamard_mma_model():
+@pytest.mark.parametrize("chain", (1, 2, 4))
+def test_hadamard_mma_model(chain):
     """The model is the Hadamard (exact inputs: equal to hadamard_ref bitwise; random rows: within a
     BF16 rounding of the float64 transform), and its order is not the reference's: on rows that mix
     magnitudes some sums round differently (so a GPU test against it can tell the orders apart)."""
     g = torch.Generator().manual_seed(5)
     ints = torch.randint(-8, 9, (64, 128), generator=g).bfloat16()
-    assert torch.equal(hadamard_mma_model(ints), hadamard_ref(ints))
+    assert torch.equal(hadamard_mma_model(ints, chain), hadamard_ref(ints))
     x = torch.randn(256, 128, generator=g).bfloat16()
     want = (x.double() @ _hadamard_matrix(128).T) * 128 ** -0.5
-    assert torch.allclose(hadamard_mma_model(x).double(), want, rtol=2 ** -7, atol=1e-30)
+    assert torch.allclose(hadamard_mma_model(x, chain).double(), want, rtol=2 ** -7, atol=1e-30)
     mixed = (torch.randn(4096, 128, generator=g) * torch.exp2(torch.randint(-20, 4, (4096, 128),
                                                                              generator=g).float())).bfloat16()
-    differ = (hadamard_mma_model(mixed) != hadamard_ref(mixed)).sum().item()
+    differ = (hadamard_mma_model(mixed, chain) != hadamard_ref(mixed)).sum().item()
     assert 0 < differ < mixed.numel() * 1e-3, differ
+
 
 
 # ------------------------------------------------------------------------------------------------
@@ -950,7 +968,7 @@ def test_build_sm90_v3_options(monkeypatch):
     # hadamard_mma: the Hadamard's cross-lane butterflies (one shuffle site) become one MMA call site (2 x 8
     # tiles, unrolled); the norm's and the scale group's shuffles stay
     src_mma = compile_for_sm90(kv_store_kernel_v3, *idx, True, *(False,) * 7, True).get_kernel_source()
-    assert HMMA_PRELUDE in src_mma and src_mma.count("tl_kvs_h16_mma((&(y[") == 1
+    assert HMMA_PRELUDE in src_mma and src_mma.count("tl_kvs_hmma_chain<") == 1
     assert src.count("__shfl_xor_sync") == 3 and src_mma.count("__shfl_xor_sync") == 2
     assert "oth[j_8] = __shfl_xor_sync(" in src and "oth[" not in src_mma
     assert HMMA_PRELUDE not in compile_for_sm90(  # no Hadamard: no MMA

@@ -51,13 +51,13 @@ emulation and the GPU tests bitwise) and save time at 1M rows: fp4 index 198.8 -
 (FP4 main's scale reciprocal from a table, the e2m1 clamp skipped where it cannot bind), ``weight_smem`` (FP32
 weights staged in shared memory once per CTA, every format) and ``rope_spread`` (a main row's RoPE spread over
 all of its lanes through shared memory), ``amax_bf16x2`` (a chunk's amax from its packed BF16 words) and
-``rcp_norm`` (the norm's reciprocal as rcp.rn), ``hadamard_mma`` (FP4 index rows: 4 of the Hadamard's 7 levels
+``rcp_norm`` (the norm's reciprocal as rcp.rn), ``hadamard_mma`` (FP4 index rows: 5 of the Hadamard's 7 levels
 on the tensor cores; the one option that may move a byte, by one step, within the issue's tolerance) and
 ``pred_store`` (predicated stores); with the defaults (``V3_OPTIONS``, ``MIN_CTAS_V3``) 1M rows take fp8 427
 us (0.90 of the copy roofline), fp4 main 435 (0.747), fp4 index 147-150 (0.54-0.55, two rows per thread;
 142.8 with the cast's (k, k + 4) pairing after the Hadamard, session 24: 0.56; with 32-bit slot, position and
-row math in the pred_store kernels fp4 main 424.6 (0.76) and fp4 index 139.2 (0.58)),
-bf16 569 (0.89).
+row math in the pred_store kernels fp4 main 424.6 (0.76) and fp4 index 139.2 (0.58); with the Hadamard's bit 2
+summed by chained MMAs, ``HMMA_CHAIN``, session 25: fp4 index 138.8 -> 135.5, 0.59), bf16 569 (0.89).
 "v2" is v1 with fewer SASS instructions (``make_row_store(fast=True)``): the sum of squares as FFMAs
 (x is BF16-valued, so x*x is exact in FP32 and ``ss + x*x`` rounds once either way; only products
 below 2^-126, |x| < 2^-63, are inexact as FMULs, which can matter only when eps ~ 0 and a whole
@@ -179,7 +179,8 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     RN(1 / s)).
     ``hadamard_mma`` (v3 option, index rows with the Hadamard, 4 lanes a row; the kernel must declare
     ``HMMA_PRELUDE``): the Hadamard's sums over 4 of the 7 index bits on the tensor cores (16 BF16 x +-1
-    products a sum, FP32 accumulate, no shuffles), the other 3 bits as FP32 butterflies in the lane. The
+    products a sum, FP32 accumulate, no shuffles), chained over 1 or 2 more (``HMMA_CHAIN``: each MMA adds
+    to the last one's FP32 result), the other bits as FP32 butterflies in the lane. The
     SPEC fixes FP32 sums but not their order, and the tensor core's accumulator is not IEEE FP32 addition,
     so the sums may differ from the reference's butterflies in their last bits; issue #4 allows the codes
     and scales that this moves one step, in at most 0.1% of them (the GPU tests check that). On the H200,
@@ -465,15 +466,14 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
             # H_16 as it stands. A tile fixes e's bits 2, 3, 6: bits 2, 3 are a (pairs 2 a, 2 a + 1 of a
             # chunk), bit 6 the chunk, which is the MMA row: chunk 0 in row g (the quad's index), chunk 1 in
             # row g + 8 (A's independent rows: one MMA serves both chunks). D's d0, d1 (d2, d3) are elements
-            # j = 4 a + 2 t + 0 / 1 of chunk 0 (1). The butterflies h = 4, 8, 16 over y then finish bits 2,
-            # 3, 6 (ascending, as the reference).
+            # j = 4 a + 2 t + 0 / 1 of chunk 0 (1). Chaining HMMA_CHAIN tiles (B's sign per tile) sums bit 2
+            # (and 3) in the MMAs too; the butterflies h = 4, 8, 16 over y then finish the rest of bits 2, 3,
+            # 6 (ascending, as the reference).
             hw = T.view(yb, [C * VEC // 2], "uint32")
-            for a in T.unroll(4):
-                for t in T.unroll(2):
-                    T.call_extern("handle", "tl_kvs_h16_mma", T.address_of(y[4 * a + 2 * t]),
-                                  T.address_of(y[VEC + 4 * a + 2 * t]), hw[2 * a], hw[VEC // 2 + 2 * a],
-                                  hw[2 * a + 1], hw[VEC // 2 + 2 * a + 1], t)
-            for s in T.unroll(3):
+            for t in T.unroll(2):
+                T.call_extern("handle", f"tl_kvs_hmma_chain<{HMMA_CHAIN}>", T.address_of(y[0]),
+                              T.address_of(hw[0]), t)
+            for s in T.unroll(HMMA_CHAIN.bit_length() - 1, 3):
                 for q in T.unroll(C * VEC // 2):
                     z[(q >> (s + 2)) * (8 << s) + (q & ((4 << s) - 1))] = (
                         y[(q >> (s + 2)) * (8 << s) + (q & ((4 << s) - 1))]
@@ -885,26 +885,55 @@ __device__ __forceinline__ unsigned tl_kvs_sign_bytes(unsigned a, unsigned b) {
 """
 
 
-# Device helper of make_row_store(hadamard_mma=True): d[0], d[1] = row g (= lane / 4) and e[0], e[1] = row g +
-# 8 of A H_16's n-tile t, A = [row g: a0 (k = 2 (lane % 4) + 0 / 1), a2 (k + 8); row g + 8: a1, a3]
-# (mma.sync.m16n8k16, BF16 in, FP32 accumulate from 0). B's fragment (k = 2 (lane % 4) + 0 / 1 and + 8, n = g
-# + 8 t) is H_16 = (-1)^popc(k & n) as BF16 +-1, built from the lane (nvcc hoists it out of the row loop).
-# Warp-collective: every lane calls it with the same t. tools/check_kv_store_emu.py swaps this text for a C++
-# emulation.
+# Device helper of make_row_store(hadamard_mma=True): the row's sums over H_16 on the tensor cores, D's n-tile
+# t of every A-tile a (mma.sync.m16n8k16, BF16 in, FP32 accumulate). A-tile a = [row g (= lane / 4): a0 = word
+# 2 a (k = 2 (lane % 4) + 0 / 1), a2 = word 2 a + 1 (k + 8); row g + 8: a1, a3 = words 8 + 2 a, 9 + 2 a], i.e.
+# the lane's chunk 0 in row g and chunk 1 in row g + 8. B's fragment (k = 2 (lane % 4) + 0 / 1 and + 8, n = g
+# + 8 t) is H_16 = (-1)^popc(k & n) as BF16 +-1, built from the lane (nvcc hoists it out of the row loop). L
+# (HMMA_CHAIN) A-tiles chain: output tile o of group gg sums tiles a = gg L + l, l < L, with B negated
+# (-1)^popc(l & o) (an XOR of the sign bits), each MMA adding to the previous one's FP32 result, the first
+# from 0; nvcc shares a chain's common first MMA between the outputs. D's d0, d1 (d2, d3) go to y[4 a' + 2 t +
+# 0 / 1] (y[16 + ...]) for output tile a' = gg L + o. Warp-collective: every lane calls it with the same t.
+# tools/check_kv_store_emu.py swaps this text for a C++ emulation.
 HMMA_PRELUDE = """
 __device__ __forceinline__ unsigned tl_kvs_h16_b(unsigned k, unsigned n) {
   return (0x3F80u | ((__popc(k & n) & 1u) << 15)) | ((0x3F80u | ((__popc((k + 1u) & n) & 1u) << 15)) << 16);
 }
-__device__ __forceinline__ void tl_kvs_h16_mma(float* d, float* e, unsigned a0, unsigned a1, unsigned a2,
-                                               unsigned a3, int t) {
+template <int L>
+__device__ __forceinline__ void tl_kvs_hmma_chain(float* y, const unsigned* hw, int t) {
   unsigned lane = threadIdx.x & 31u, n = (lane >> 2) + 8u * (unsigned)t, k = 2u * (lane & 3u);
   unsigned b0 = tl_kvs_h16_b(k, n), b1 = tl_kvs_h16_b(k + 8u, n);
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%10, %10, %10, %10};"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(e[0]), "=f"(e[1])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+#pragma unroll
+  for (int g = 0; g < 4 / L; ++g) {
+#pragma unroll
+    for (int o = 0; o < L; ++o) {
+      float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f, c3 = 0.0f;
+#pragma unroll
+      for (int l = 0; l < L; ++l) {
+        unsigned sg = (__popc(l & o) & 1) ? 0x80008000u : 0u;
+        int a = g * L + l;
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+            "{%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+            : "r"(hw[2 * a]), "r"(hw[8 + 2 * a]), "r"(hw[2 * a + 1]), "r"(hw[9 + 2 * a]), "r"(b0 ^ sg),
+              "r"(b1 ^ sg));
+      }
+      int q = 4 * (g * L + o) + 2 * t;
+      y[q] = c0; y[q + 1] = c1; y[16 + q] = c2; y[17 + q] = c3;
+    }
+  }
 }
 """
+# A-tiles chained per MMA output (tl_kvs_hmma_chain's L): 1 sums 4 of the Hadamard's 7 index bits on the
+# tensor cores (0, 1, 4, 5), 2 also bit 2 (3 MMAs a tile pair instead of 2, one FP32 butterfly level fewer:
+# SASS per thread 1488 -> 1440 static, 16 -> 24 HMMA), 4 bits 2 and 3 (11 MMAs per 4 tiles; 1392, 44 HMMA, 128
+# registers). H200, 1M rows, us (tools/ab_kv_store.py, 7 rounds in turn; the same bytes as L = 1 on the
+# benchmark's rows): L = 1 / 2 / 4: 138.8 / 135.5 / 136.6 (a first run 139.7 / 136.6 / -); 65536 rows 12.5 /
+# 12.5 / 12.4. The whole Hadamard as MMAs (two rows' A-tiles in one MMA, 8 chained k-steps per n-tile, 86 HMMA
+# after nvcc shares the chains' prefixes, 1400 SASS; 1 of 67M bytes apart from L = 1) measured 147.5 us
+# against 138.9: the MMA chains' latency, at 4 CTAs per SM (at 3: 165.9 us), costs more than the FP32 adds
+# they replace.
+HMMA_CHAIN = 2
 
 
 def inv_e4m3_table() -> torch.Tensor:

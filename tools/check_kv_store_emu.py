@@ -91,25 +91,40 @@ inline uint tl_kvs_bf16x2_maxabs(uint a, uint b) {
   return r; }
 """
 
-# kv_store.HMMA_PRELUDE's mma.m16n8k16 (A's rows g + 8 zero, B = H_16): the lanes publish a0 / a2, each
-# lane sums its row's 16 products exactly (double) and rounds once to FP32 (tests' hadamard_mma_model)
+# kv_store.HMMA_PRELUDE's chains of mma.m16n8k16 (B = +-H_16): the lanes publish their 16 words, each lane sums
+# its row's 16 products of an A-tile exactly (double), adds them to the previous MMA's FP32 result and rounds
+# once (tests' hadamard_mma_model)
 EMU_HMMA_PRELUDE = r"""
-inline void tl_kvs_h16_mma(float* d, float* e, uint a0, uint a1, uint a2, uint a3, int t) {
+template <int L>
+inline void tl_kvs_hmma_chain(float* y, const uint* hw, int t) {
   Warp* w = t_warp; int lane = threadIdx.x & 31, g = lane >> 2, l = lane & 3;
-  uint64_t lo[32], hi[32];  // lane i: (a0, a2) = row g's k pairs, (a1, a3) = row g + 8's
-  w->slot[lane] = (uint64_t)a0 | ((uint64_t)a2 << 32); w->bar->arrive_and_wait();
-  memcpy(lo, w->slot, sizeof lo); w->bar->arrive_and_wait();
-  w->slot[lane] = (uint64_t)a1 | ((uint64_t)a3 << 32); w->bar->arrive_and_wait();
-  memcpy(hi, w->slot, sizeof hi); w->bar->arrive_and_wait();
-  double s[2][2] = {{0.0, 0.0}, {0.0, 0.0}};
-  for (int r = 0; r < 2; ++r)
-    for (int k = 0; k < 16; ++k) {
-      uint64_t v = (r ? hi : lo)[4 * g + ((k & 7) >> 1)];
-      uint word = (k & 8) ? (uint)(v >> 32) : (uint)v;
-      uint u = ((k & 1) ? word >> 16 : word & 0xFFFFu) << 16; float x; memcpy(&x, &u, 4);
-      for (int c = 0; c < 2; ++c) s[r][c] += (__builtin_popcount(k & (2 * l + c + 8 * t)) & 1) ? -(double)x : (double)x;
+  uint words[32][16];
+  for (int p = 0; p < 8; ++p) {
+    w->slot[lane] = (uint64_t)hw[2 * p] | ((uint64_t)hw[2 * p + 1] << 32); w->bar->arrive_and_wait();
+    for (int i = 0; i < 32; ++i) { words[i][2 * p] = (uint)w->slot[i]; words[i][2 * p + 1] = (uint)(w->slot[i] >> 32); }
+    w->bar->arrive_and_wait();
+  }
+  for (int gg = 0; gg < 4 / L; ++gg)
+    for (int o = 0; o < L; ++o) {
+      float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};  // [A row: chunk 0 / 1][D column 2 l + c]
+      for (int li = 0; li < L; ++li) {
+        int a = gg * L + li; bool neg = __builtin_popcount(li & o) & 1;
+        for (int r = 0; r < 2; ++r)
+          for (int c = 0; c < 2; ++c) {
+            double s = acc[r][c];
+            for (int k = 0; k < 16; ++k) {  // A[row][k] from lane 4 g + (k % 8) / 2: word 2 a (+1 for k >= 8)
+              uint word = words[4 * g + ((k & 7) >> 1)][8 * r + 2 * a + ((k & 8) ? 1 : 0)];
+              uint u = ((k & 1) ? word >> 16 : word & 0xFFFFu) << 16; float x; memcpy(&x, &u, 4);
+              bool m = ((__builtin_popcount(k & (2 * l + c + 8 * t)) & 1) != 0) != neg;
+              s += m ? -(double)x : (double)x;
+            }
+            acc[r][c] = (float)s;
+          }
+      }
+      int q = 4 * (gg * L + o) + 2 * t;
+      y[q] = acc[0][0]; y[q + 1] = acc[0][1]; y[16 + q] = acc[1][0]; y[17 + q] = acc[1][1];
     }
-  d[0] = (float)s[0][0]; d[1] = (float)s[0][1]; e[0] = (float)s[1][0]; e[1] = (float)s[1][1]; }
+}
 """
 
 # kv_store.PRED_STORE_PRELUDE's predicated stores
@@ -262,18 +277,20 @@ OPTION_MUTATIONS = {
     "bf16x2_code_offset": (7, ("(uint)17152", "(uint)17280")),  # M's mantissa off by one grid step
     "bf16x2_grid_floor": (7, ("((e8 << (uint)7) * (uint)65537)", "(((e8 - (uint)1) << (uint)7) * (uint)65537)")),
     "bf16x2_fma_truncates": (7, ("tl_kvs_bf16x2_fma(aw", "tl_kvs_bf16x2_fma_rz(aw")),
-    "bf16x2_sign_bytes": (7, ("(uint)30001)", "(uint)25632)")),
+    # the sign bytes of the wrong pair of words (the k4 packing: words (k, k + 4) for k = 0, 2 give the signs)
+    "bf16x2_sign_bytes": (7, ("tl_kvs_sign_bytes(yw[((c_7 * 8) + (w_1 * 4))], yw[(((c_7 * 8) + (w_1 * 4)) + 1)])",
+                              "tl_kvs_sign_bytes(yw[(((c_7 * 8) + (w_1 * 4)) + 1)], yw[((c_7 * 8) + (w_1 * 4))])")),
     "bf16x2_scale_round": (7, ("(uint)63)", "(uint)64)")),
     "bf16x2_amax_half": (7, ("a16 = max((a16 & (uint)65535), (a16 >> (uint)16));", "a16 = (a16 & (uint)65535);")),
     "scale_mul_constant": (4, ("(uint)1042983595;", "(uint)1042983594;")),  # RN(1/6) - 1 ulp
     "inv_table_index": (4, ("inv = tl_kvs_inv_e4m3(((uint)sbyte));", "inv = tl_kvs_inv_e4m3(((uint)sbyte) + 1u);")),
     "noclamp_always": (14, ("if (__all_sync((uint)4294967295,", "if (1 | __all_sync((uint)4294967295,")),
-    # hadamard_mma: A's two k halves swapped; the chunks' MMA rows swapped; D's n-tiles in each other's place
-    "hmma_a_halves": (7, ("yw[(a * 2)], yw[((a * 2) + 8)], yw[((a * 2) + 1)], yw[((a * 2) + 9)]",
-                          "yw[((a * 2) + 1)], yw[((a * 2) + 8)], yw[(a * 2)], yw[((a * 2) + 9)]")),
-    "hmma_chunk_rows": (7, ("yw[(a * 2)], yw[((a * 2) + 8)], yw[((a * 2) + 1)], yw[((a * 2) + 9)]",
-                            "yw[((a * 2) + 8)], yw[(a * 2)], yw[((a * 2) + 9)], yw[((a * 2) + 1)]")),
-    "hmma_n_tiles": (7, ("(&(y[((a * 4) + (t * 2))]))", "(&(y[((a * 4) + ((1 - t) * 2))]))")),
+    # hadamard_mma (the fragments' layout lives in the helper, which the emulator replaces: the GPU tests check
+    # it): one n-tile computed twice, the other left out; the butterflies after another chain length's MMAs
+    "hmma_one_tile": (7, (f"tl_kvs_hmma_chain<{K.HMMA_CHAIN}>((&(y[0])), (&(yw[0])), t)",
+                          f"tl_kvs_hmma_chain<{K.HMMA_CHAIN}>((&(y[0])), (&(yw[0])), 0)")),
+    "hmma_chain_levels": (7, (f"tl_kvs_hmma_chain<{K.HMMA_CHAIN}>(",
+                              f"tl_kvs_hmma_chain<{2 if K.HMMA_CHAIN == 1 else 1}>(")),
     "amax_bf16x2_odd_half": (4, ("a16 & (uint)4294901760", "(uint)0")),  # the odd elements' maximum dropped
     "amax_bf16x2_last_word": (0, ("tl_kvs_bf16x2_maxabs(a16, yw[(((c_5 * 8) + j_8) + 1)])",
                                   "tl_kvs_bf16x2_maxabs(a16, yw[((c_5 * 8) + j_8)])")),
