@@ -26,6 +26,30 @@ def compile_for_sm90(factory, *args, **kwargs):
     )
 
 
+def _sm90_job(job):
+    """Compile configuration ``name`` of ``module.build_configs()`` for sm_90a (a worker of
+    ``compile_sm90_in_processes``)."""
+    module, name = job
+    for n, factory, args in importlib.import_module(module).build_configs():
+        if n == name:
+            compile_for_sm90(factory, *args)
+            return name
+    raise KeyError(f"{module}.build_configs() has no configuration {name!r}")
+
+
+def compile_sm90_in_processes(module: str, names, workers=None) -> list[str]:
+    """The build check of ``names`` (configurations of ``module.build_configs()``: (name, factory, static
+    arguments)) in ``workers`` spawned processes (default: one per CPU): lowering and nvcc are
+    single-threaded, and the big kernels take tens of seconds each. A failure raises here. Returns names."""
+    names = list(names)
+    workers = workers or min(len(names), os.cpu_count() or 1)
+    jobs = [(module, n) for n in names]
+    if workers <= 1:
+        return [_sm90_job(j) for j in jobs]
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        return list(ex.map(_sm90_job, jobs))
+
+
 def _compile_job(job):
     module, factory, static = job
     t0 = time.time()

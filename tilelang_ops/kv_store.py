@@ -932,7 +932,8 @@ __device__ __forceinline__ void tl_kvs_hmma_chain(float* y, const unsigned* hw, 
 # 12.5 / 12.4. The whole Hadamard as MMAs (two rows' A-tiles in one MMA, 8 chained k-steps per n-tile, 86 HMMA
 # after nvcc shares the chains' prefixes, 1400 SASS; 1 of 67M bytes apart from L = 1) measured 147.5 us
 # against 138.9: the MMA chains' latency, at 4 CTAs per SM (at 3: 165.9 us), costs more than the FP32 adds
-# they replace.
+# they replace. Read when a kernel is built and not part of _kernel's cache key: edit it, do not patch it at
+# run time (tests' hadamard_mma_model follows it).
 HMMA_CHAIN = 2
 
 

@@ -2186,11 +2186,8 @@ QUICK_BUILD = ("topk fp32 uncached v1", "topk fp32 uncached split8", "topk fp32 
                "block_max", "restore", "convert")
 
 
-def build_all(quick: bool = False) -> list[str]:
-    """Compile every kernel for sm_90a at several static configurations (CPU build check). quick: one
-    configuration per code path (the CPU test tier; `make diff` builds them all)."""
-    from tilelang_ops.build import compile_for_sm90
-
+def build_configs() -> list[tuple]:
+    """(name, factory, static arguments) of every kernel configuration the build check compiles."""
     # (name, static arguments without the variant): the default variant gets every code path, the other
     # variants the two big tiers (uncached rows, the 32768 row cache)
     paths = [
@@ -2232,10 +2229,14 @@ def build_all(quick: bool = False) -> list[str]:
         ("restore bs16", restore_kernel, (16,)),
         ("convert Bc64", convert_kernel, (64,)),
     ]
-    built = []
-    for name, factory, args in configs:
-        if quick and not name.startswith(QUICK_BUILD):
-            continue
-        compile_for_sm90(factory, *args)
-        built.append(name)
-    return built
+    return configs
+
+
+def build_all(quick: bool = False, workers: int | None = None) -> list[str]:
+    """Compile every kernel for sm_90a at several static configurations (CPU build check), in ``workers``
+    processes (default one per CPU). quick: one configuration per code path (the CPU test tier; `make diff`
+    builds them all)."""
+    from tilelang_ops.build import compile_sm90_in_processes
+
+    names = [name for name, _, _ in build_configs() if not quick or name.startswith(QUICK_BUILD)]
+    return compile_sm90_in_processes(__name__, names, workers)
