@@ -602,7 +602,6 @@ def test_hadamard_mma_model(chain):
     assert 0 < differ < mixed.numel() * 1e-3, differ
 
 
-
 # ------------------------------------------------------------------------------------------------
 # The operator: layouts, skips, out_norm, repeated calls (loop reference)
 # ------------------------------------------------------------------------------------------------

@@ -26,6 +26,12 @@ def compile_for_sm90(factory, *args, **kwargs):
     )
 
 
+def _spawn_pool(workers: int) -> ProcessPoolExecutor:
+    """A pool of ``workers`` spawned processes: the caller may already hold a CUDA context, which a forked
+    child cannot use."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
 def _sm90_job(job):
     """Compile configuration ``name`` of ``module.build_configs()`` for sm_90a (a worker of
     ``compile_sm90_in_processes``)."""
@@ -46,7 +52,7 @@ def compile_sm90_in_processes(module: str, names, workers=None) -> list[str]:
     jobs = [(module, n) for n in names]
     if workers <= 1:
         return [_sm90_job(j) for j in jobs]
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+    with _spawn_pool(workers) as ex:
         return list(ex.map(_sm90_job, jobs))
 
 
@@ -63,12 +69,12 @@ def _compile_job(job):
 def compile_in_processes(jobs, workers=None, report=print):
     """Compile ``getattr(module, factory)(*static)`` for each ``(module, factory, static)`` job in
     parallel processes, for the machine's own target, into TileLang's disk cache (TILELANG_CACHE_DIR),
-    so a later run loads the kernels instead of compiling them one by one. Spawned processes: the
-    caller may already hold a CUDA context, which a forked child cannot use. Returns the seconds taken."""
+    so a later run loads the kernels instead of compiling them one by one (spawned processes,
+    ``_spawn_pool``). Returns the seconds taken."""
     jobs = list(dict.fromkeys(jobs))
     workers = workers or min(8, os.cpu_count() or 1)
     t0 = time.time()
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+    with _spawn_pool(workers) as ex:
         for line in ex.map(_compile_job, jobs):
             report(line)
     report(f"compiled {len(jobs)} kernels in {time.time() - t0:.1f} s with {workers} workers")

@@ -210,6 +210,7 @@ def make_row_store(fmt: KVCacheFormat, rope_dim: int, interleaved: bool, hadamar
     e2m1_noclamp = e2m1_noclamp and option_applies("e2m1_noclamp", fmt)
     amax_bf16x2 = amax_bf16x2 and option_applies("amax_bf16x2", fmt)
     hadamard_mma = hadamard and hadamard_mma and hadamard_mma_fits(fmt, C)
+    assert not hadamard_mma or HMMA_CHAIN in (1, 2, 4), HMMA_CHAIN  # whole groups of the 4 A-tiles
     assert not e2m1_noclamp or inv_table, "e2m1_noclamp tests the scale byte and amax / 6 of inv_table"
     assert not inv_table or e2m1_fma, "the table holds 2 / sf, the scale e2m1_fma multiplies by"
     # e2m1_bf16x2 after the Hadamard: its final BF16 rounding pairs elements (k, k + 4) (see the docstring)
