@@ -557,15 +557,16 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 
 # ----------------------------------------------------------------------------------------------------
 # Variant "v3": its own factory (safe-memory legalization off: every global index is bounded by the clamped
-# `end` or by k), same contract and key as v1. Cheaper on-chip work than v1: a warp whose lanes all hit one
-# bin adds 32 once, else every lane adds 1 (no match_any_sync); a warp owns UNROLL * 32 consecutive entries
-# of a tile (v3's `lin`; still one coalesced 128 B load per instruction), so an ordered scan needs one
+# `end` or by k), same contract and key as v1. Cheaper on-chip work than v1: every lane adds 1 to its bin,
+# a shared add the hardware aggregates per address (no match_any_sync, no vote; see hist_add); a warp owns
+# UNROLL * 32 consecutive entries of a tile (v3's `lin`; still one coalesced 128 B load per instruction),
+# so an ordered scan needs one
 # count per warp and one cross-warp scan per tile instead of one per strip; row reads are software-pipelined
 # (tile it + 1 in flight while tile it is processed); the lane class rides in the rank register (no spills);
 # the sample is 8 (2 in the 32768 tier) runs of 32 per warp spread evenly over the row (sorted or otherwise
 # structured rows also get a useful bound). What changes in the algorithm (see the module docstring):
-# unordered candidate compaction (one shared counter, warp-aggregated adds, no block scans or barriers per
-# tile), [lo, hi] taken straight from the candidates' [min, max] (all-equal / few-distinct rows finish
+# unordered candidate compaction (one shared counter, one add per warp and tile, no block scans or barriers
+# per tile), [lo, hi] taken straight from the candidates' [min, max] (all-equal / few-distinct rows finish
 # without a radix pass), a final rank by index over the short list through index bitmaps, an early exit of
 # the ordered pass over the row, and no row cache. Rows of one tile (e <= UNROLL x threads) keep their keys
 # in registers (src 3): radix passes and the ordered pass run on them, no list or bitmaps. Radix passes use
@@ -857,20 +858,20 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             kb[u] = T.if_then_else(lin(it, u, tx) < lim, _key(kb[u]), ZERO)
 
     @T.macro
-    def hist_add(bv, s_hist, lane):
-        """Histogram add of bin bv per lane, NO_BIN: none (all lanes call it: it votes); one add of 32 when
-        the whole warp hits one bin."""
-        b0 = T.alloc_var("uint32")
-        b0 = T.shfl_sync(bv, 0)
-        if T.all_sync(bv == b0) != 0:
-            if T.And(lane == 0, b0 != NO_BIN):
-                T.atomic_add(s_hist[T.Cast("int32", b0)], 32)
-        elif bv != NO_BIN:
+    def hist_add(bv, s_hist):
+        """Histogram add of bin bv per lane, NO_BIN: none. A plain predicated add: ptxas emits the shared
+        add of 1 as ATOMS.POPC.INC, which adds each address's lane count in one go, so lanes on one bin
+        (concentrated or few-valued keys) need no vote. (Before: a shuffle and a vote per key, one add of
+        32 when the whole warp hit one bin; each key's add then sat in its own branch region, serialized.
+        H200, us, randn, vote -> plain: 64 x 8192, k = 512 13.94 -> 13.76, 64 x 32768 16.24 -> 15.97,
+        128 x 131072 32.48 -> 32.02, 1 x 65536 17.09 -> 16.61, 4096 x 8192 310.2 -> 302.0; few / conc /
+        sorted / tiny rows gained alike, equal rows unchanged: bench_results/h200.txt, session 26.)"""
+        if bv != NO_BIN:
             T.atomic_add(s_hist[T.Cast("int32", bv)], 1)
 
     @T.macro
-    def hist_key(kb, j, mm, lo, hi, sh, s_hist, lane):
-        """Radix-pass histogram add of one key kb[j] per lane (all lanes call it: it votes): bin
+    def hist_key(kb, j, mm, lo, hi, sh, s_hist):
+        """Radix-pass histogram add of one key kb[j] per lane: bin
         (kb[j] - lo) >> sh when kb[j] is in [lo, hi], and mm = [min, max] of those keys. Key 0 (no entry)
         is below lo. (The key comes as a buffer element: TVM's bound solver fails on a uint32 scalar
         argument inside these conditions.)"""
@@ -878,7 +879,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
         bv = T.if_then_else(T.And(kb[j] >= lo, kb[j] <= hi), (kb[j] - lo) >> T.Cast("uint32", sh), NO_BIN)
         mm[0] = T.min(mm[0], T.if_then_else(bv != NO_BIN, kb[j], KEY_MAX))
         mm[1] = T.max(mm[1], T.if_then_else(bv != NO_BIN, kb[j], ZERO))
-        hist_add(bv, s_hist, lane)
+        hist_add(bv, s_hist)
 
     @T.macro
     def warp_incl(c, incl, lane):
@@ -975,6 +976,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
             s_sel = T.alloc_shared([4], "int32")
             s_small = T.alloc_shared([V3_RES], "uint32")  # the <= V3_RES keys of a small threshold bin
             s_mm = T.alloc_shared([2, WARPS], "uint32")  # per-warp min / max
+            s_mm0 = T.alloc_shared([2, WARPS], "uint32")  # the one-tile rows' first min / max
             if S > 1:
                 s_peer = T.alloc_shared([3, S], "uint32")  # the lead's: the CTAs' [min, max]; [2, 0] a count
             s_cnt = T.alloc_shared([1], "int32")  # candidate counter
@@ -1088,14 +1090,15 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                 for u in T.unroll(UNROLL):
                     kmin = T.min(kmin, T.if_then_else(kb[u] == ZERO, KEY_MAX, kb[u]))
                     kmax = T.max(kmax, kb[u])
-                min_max_and_clear(kmin, kmax, mm, s_mm, s_hist, tx, lane, warp)
+                # (its own per-warp buffer: the first pass publishes to s_mm without waiting for every
+                # warp to have read this one; one barrier less, 64 x 8192 13.76 -> 13.63 us)
+                min_max_and_clear(kmin, kmax, mm, s_mm0, s_hist, tx, lane, warp)
                 pre = -1  # the first radix pass finds its histogram cleared
                 lo = mm[0]
                 hi = mm[1]
                 done = T.if_then_else(lo == hi, 1, 0)
                 src = 3
                 compact = 0
-                T.sync_threads()  # s_mm is rewritten by the first pass
 
             if T.And(take_all == 0, T.And(src == 0, e > cap)):
                 # Longer rows: a lower bound thr of the threshold from a sample (NW * su runs of 32
@@ -1121,7 +1124,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                     mm[0] = KEY_MAX  # (not used: every sample key is in range)
                     mm[1] = ZERO
                     for u in T.unroll(su):
-                        hist_key(kb, u, mm, kmin, kmax, sh, s_hist, lane)
+                        hist_key(kb, u, mm, kmin, kmax, sh, s_hist)
                     T.sync_threads()
                     kt = (k * ssz) // e  # the expected sample count above the threshold, plus the margin
                     kt = T.min(ssz, kt + T.Cast("int32", T.sqrt(T.Cast("float32", kt)) * V3_SAMPLE_SD)
@@ -1153,7 +1156,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                         if kmin != kmax:
                             sh = T.max(0, (32 - V3_BITS) - T.Cast("int32", T.clz(kmax - kmin)))
                             for u in T.unroll(su):
-                                hist_key(kb, u, mm, kmin, kmax, sh, s_hist, lane)
+                                hist_key(kb, u, mm, kmin, kmax, sh, s_hist)
                             T.sync_threads()
                             select_bin(rk, s_hist, s_scan, s_sel, tx, lane, warp)
                             T.sync_threads()
@@ -1284,7 +1287,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                 wd = T.min((kx - thr) >> T.Cast("uint32", T.max(pre - 1, 0)),
                                            T.uint32(V3_NB - 1))
                         if S == 1 and pre > 0:
-                            hist_add(wd, s_hist, lane)
+                            hist_add(wd, s_hist)
                     publish_min_max(kmin, kmax, s_mm, lane, warp)
                     T.sync_threads()
                     gather_min_max(mm, s_mm, lane)
@@ -1419,7 +1422,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                             # 8 strips per thread would mostly hold key 0: the list is ~1.3k keys long)
                             for q in T.serial(T.ceildiv(ne, NT)):
                                 kb[0] = T.if_then_else(q * NT + tx < ne, s_ck[q * NT + tx], ZERO)
-                                hist_key(kb, 0, mm, lo, hi, sh, s_hist, lane)
+                                hist_key(kb, 0, mm, lo, hi, sh, s_hist)
                         else:
                             if src == 0:
                                 load_tile(scores, kn, base, 0, ne, tx)
@@ -1428,7 +1431,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                     next_keys(scores, kb, kn, base, it, ne, tx)
                                 # entries past the end hold key 0, below lo: no bounds check, no branches
                                 for u in T.unroll(UNROLL):
-                                    hist_key(kb, u, mm, lo, hi, sh, s_hist, lane)
+                                    hist_key(kb, u, mm, lo, hi, sh, s_hist)
                         publish_min_max(mm[0], mm[1], s_mm, lane, warp)
                         T.sync_threads()
                     select_bin(kk, s_hist, s_scan, s_sel, tx, lane, warp)
@@ -1579,7 +1582,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
 # one ordered pass emits the keys above hi and the first kk keys in [lo, hi] with ballots, in ascending
 # index order. H200 (bench_results/h200.txt): adding one key at a time (each waiting
 # for its shuffle and vote) was 2x slower than batching a step's 8; __match_any_sync aggregation 4-36%
-# slower than the shuffle-and-vote one.
+# slower than the shuffle-and-vote one, which in turn lost to plain adds of 1 (see hist_step).
 WARP_ROWS = 4  # 8 rows per CTA measured 1-6% slower
 WARP_ROW_MAX = 4096  # the longest rows _v3_threads gives a warp (at 8192 it was 2-3% slower)
 WARP_DIV = 256  # _v3_threads: a warp per row from n / WARP_DIV rows per SM ...
@@ -1607,7 +1610,7 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
     U = W_UNROLL
     ST = 32 * U  # row entries per step
     BPL = W_NB // 32  # histogram bins per lane in the clear and the scan
-    WH = W_NB + 32  # a warp's histogram: W_NB bins, then a spare counter per lane (see hist_step)
+    WH = W_NB  # a warp's histogram
     ZERO, KEY_MAX = T.uint32(0), T.uint32(0xFFFFFFFF)
     fills, emit = _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fill, mode,
                                cand_bs, block_c, nc, mb, 32)
@@ -1631,29 +1634,20 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
             kb[u] = _key(kb[u]) & T.Cast("uint32", T.Cast("int32", it * ST + u * 32 + lane - e) >> 31)
 
     @T.macro
-    def hist_step(kb, bv, b0, mm, lo, hi, sh, s_hist, hb, lane):
+    def hist_step(kb, bv, mm, lo, hi, sh, s_hist, hb):
         """The histogram adds of a step's U keys per lane: bin (kb[u] - lo) >> sh of the keys in [lo, hi],
-        one add of 32 where the whole warp hits one bin; mm = [min, max] of them. Batched, so the shuffles,
-        votes and adds of the U keys overlap (one key at a time, each waited for its shuffle and vote), and
-        skipped when no key of the step is in range (most of the row after the first pass)."""
+        mm = [min, max] of them. Plain predicated adds of 1, which the hardware aggregates per address (see
+        v3's hist_add). (Before: a shuffle and a vote per key, one add of 32 where the whole warp hit one bin,
+        skipped when no key of the step was in range. H200, us, k = 512, randn / few: 4096 x 2048 71.2 /
+        83.0 -> 63.9 / 58.4, 4096 x 1000 36.9 / 44.5 -> 33.7 / 33.9, 1024 x 2048 31.5 / 33.4 -> 30.7 / 27.3;
+        equal and sorted rows a little faster too.)"""
         for u in T.unroll(U):
             bv[u] = T.Select(T.And(kb[u] >= lo, kb[u] <= hi), (kb[u] - lo) >> T.Cast("uint32", sh), KEY_MAX)
             mm[0] = T.min(mm[0], T.Select(bv[u] != KEY_MAX, kb[u], KEY_MAX))
             mm[1] = T.max(mm[1], T.Select(bv[u] != KEY_MAX, kb[u], ZERO))
-        b0[0] = bv[0]
-        for u in T.unroll(U - 1):
-            b0[0] = T.min(b0[0], bv[u + 1])
-        if T.ballot_sync(b0[0] != KEY_MAX) != 0:  # warp-uniform
-            for u in T.unroll(U):
-                b0[u] = T.shfl_sync(bv[u], 0)
-            for u in T.unroll(U):
-                b0[u] = T.Select(T.all_sync(bv[u] == b0[u]) != 0, T.Select(lane == 0, 32, 0), 1)
-            # every lane adds (no branch per key): a key out of range, or a lane of a whole-warp bin but
-            # its first, adds 0 to its own spare counter W_NB + lane (no bank conflict, never read)
-            for u in T.unroll(U):
-                T.atomic_add(s_hist[hb + T.Cast("int32", T.Select(T.And(bv[u] != KEY_MAX, b0[u] != 0), bv[u],
-                                                                   T.Cast("uint32", W_NB + lane)))],
-                             T.Cast("int32", T.Select(bv[u] != KEY_MAX, b0[u], ZERO)))
+        for u in T.unroll(U):
+            if bv[u] != KEY_MAX:
+                T.atomic_add(s_hist[hb + T.Cast("int32", bv[u])], 1)
 
     @T.prim_func
     def kernel(
@@ -1673,13 +1667,12 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
             lane = tx % 32
             warp = tx // 32
             row = bx * RPC + warp
-            s_hist = T.alloc_shared([RPC * WH], "int32")  # the warp's histogram (+ spares) at warp * WH
+            s_hist = T.alloc_shared([RPC * WH], "int32")  # the warp's histogram at warp * WH
             s_sel = T.alloc_shared([RPC * 4], "int32")  # the warp's selected bin at warp * 4
             s_keys = T.alloc_shared([RPC * W_CACHE], "uint32")  # the warp's row keys (rows <= W_CACHE)
             kb = T.alloc_local([U], "uint32")
             kn = T.alloc_local([U], "uint32")  # raw bits of the next step (loads in flight)
             bv = T.alloc_local([U], "uint32")
-            b0 = T.alloc_local([U], "uint32")
             inl = T.alloc_local([U], "int32")
             mm = T.alloc_local([2], "uint32")
             e = T.alloc_var("int32")
@@ -1737,7 +1730,7 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
                                 for it in T.serial(T.ceildiv(e, ST)):  # the keys the first pass kept
                                     for u in T.unroll(U):
                                         kb[u] = s_keys[kw + it * ST + u * 32 + lane]
-                                    hist_step(kb, bv, b0, mm, lo, hi, sh, s_hist, hb, lane)
+                                    hist_step(kb, bv, mm, lo, hi, sh, s_hist, hb)
                             else:
                                 step_load(scores, kn, base, 0, e, lane)
                                 for it in T.serial(T.ceildiv(e, ST)):
@@ -1745,7 +1738,7 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
                                     if kc != 0:  # each lane reads back only its own entries: no sync
                                         for u in T.unroll(U):
                                             s_keys[kw + it * ST + u * 32 + lane] = kb[u]
-                                    hist_step(kb, bv, b0, mm, lo, hi, sh, s_hist, hb, lane)
+                                    hist_step(kb, bv, mm, lo, hi, sh, s_hist, hb)
                             T.sync_warp()
                             # the bin of the kk-th largest key: lane l owns bins W_NB-1-BPL*l-j, j < BPL (a
                             # scan in descending bin order); its finder writes [bin, rank in it, keys in it]
