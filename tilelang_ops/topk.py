@@ -560,9 +560,9 @@ def topk_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
 # `end` or by k), same contract and key as v1. Cheaper on-chip work than v1: every lane adds 1 to its bin,
 # a shared add the hardware aggregates per address (no match_any_sync, no vote; see hist_add); a warp owns
 # UNROLL * 32 consecutive entries of a tile (v3's `lin`; still one coalesced 128 B load per instruction),
-# so an ordered scan needs one
-# count per warp and one cross-warp scan per tile instead of one per strip; row reads are software-pipelined
-# (tile it + 1 in flight while tile it is processed); the lane class rides in the rank register (no spills);
+# so an ordered scan needs one count per warp and one cross-warp scan per tile instead of one per strip; row
+# reads are software-pipelined (tile it + 1 in flight while tile it is processed); the lane class rides in
+# the rank register (no spills);
 # the sample is 8 (2 in the 32768 tier) runs of 32 per warp spread evenly over the row (sorted or otherwise
 # structured rows also get a useful bound). What changes in the algorithm (see the module docstring):
 # unordered candidate compaction (one shared counter, one add per warp and tile, no block scans or barriers
