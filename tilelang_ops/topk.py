@@ -1610,7 +1610,6 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
     U = W_UNROLL
     ST = 32 * U  # row entries per step
     BPL = W_NB // 32  # histogram bins per lane in the clear and the scan
-    WH = W_NB  # a warp's histogram
     ZERO, KEY_MAX = T.uint32(0), T.uint32(0xFFFFFFFF)
     fills, emit = _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fill, mode,
                                cand_bs, block_c, nc, mb, 32)
@@ -1667,7 +1666,7 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
             lane = tx % 32
             warp = tx // 32
             row = bx * RPC + warp
-            s_hist = T.alloc_shared([RPC * WH], "int32")  # the warp's histogram at warp * WH
+            s_hist = T.alloc_shared([RPC * W_NB], "int32")  # the warp's histogram at warp * W_NB
             s_sel = T.alloc_shared([RPC * 4], "int32")  # the warp's selected bin at warp * 4
             s_keys = T.alloc_shared([RPC * W_CACHE], "uint32")  # the warp's row keys (rows <= W_CACHE)
             kb = T.alloc_local([U], "uint32")
@@ -1696,7 +1695,7 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
             d_before = T.alloc_var("int32")
             t_before = T.alloc_var("int32")
             pos = T.alloc_var("int32")
-            hb = warp * WH
+            hb = warp * W_NB
             kw = warp * W_CACHE
             kc = T.alloc_var("int32")  # 1: the first pass keeps the keys in s_keys, later passes read them
             if row < b:  # warp-uniform: every lane below takes part in the warp's intrinsics
