@@ -526,6 +526,7 @@ def test_build_sm90():
     assert "topk fp32 uncached v1" in built and "topk fp32 uncached stream" in built
     assert "topk fp32 cache32768 threads512" in built
     assert "topk warp bf16 int64+offset" in built
+    assert "topk tile bf16 int64+offset" in built
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -766,6 +767,38 @@ def test_gpu_topk_threads_exact(case, threads, monkeypatch):
     _check_gpu_case(case, tk.topk, f" threads {threads}")
 
 
+# Rows of one tile (k < end <= TILE) on 1024 threads: topk_kernel_tile (the wrapper's launch), and v3's own
+# one-tile path (keys in registers, TILE_ROWS off), which the wrapper still launches on 256 / 512 threads.
+TILE_CASES = [
+    GpuCase("randn", 64, 8192, 512),
+    GpuCase("randn", 7, 2048, 512, "random"),
+    GpuCase("conc", 64, 8192, 512, "random", "bf16"),
+    GpuCase("tiny", 16, 8192, 4096, "random", mode="sorted"),
+    GpuCase("few", 64, 8192, 512, "random"),
+    GpuCase("equal", 8, 8192, 512, "random", mode="sorted"),
+    GpuCase("special", 16, 8192, 1000, "random", "bf16"),
+    GpuCase("ties50", 16, 8192, 300, "random", mode="sorted_index"),
+    GpuCase("pairs", 16, 8192, 512, "random"),
+    GpuCase("ascending", 8, 8192, 4095, "random", mode="sorted"),
+    GpuCase("sorted", 8, 5000, 1, "random"),
+    GpuCase("randn", 16, 100, 8, "random", "bf16", "sorted"),
+    GpuCase("outliers", 8, 8192, 2048),
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("tile_rows", [True, False], ids=["tile", "v3"])
+@pytest.mark.parametrize("case", TILE_CASES, ids=case_id)
+def test_gpu_topk_tile_exact(case, tile_rows, monkeypatch):
+    import tilelang_ops.topk as tk
+
+    monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
+    monkeypatch.setattr(tk, "TILE_ROWS", tile_rows)
+    launch = tk._launch(case.b, case.n, torch.device("cuda"))
+    assert launch.get("tile", False) == tile_rows and launch["threads"] == tk.THREADS, launch
+    _check_gpu_case(case, tk.topk, " tile" if tile_rows else " v3 one-tile")
+
+
 # v3's streaming reads (evict-first loads in the compaction, see STREAM_PRELUDE), forced on every launch of
 # uncached rows in one CTA each (the wrapper: such launches that read half the L2 or more, e.g. 128 x 131072
 # FP32); the uncached cases above.
@@ -836,10 +869,10 @@ def test_v3_launch_choice():
     assert _v3_launch(412, 1000, 132) == {"split": 1, "threads": 256}
     assert _v3_launch(2112, 4096, 132) == {"split": 1, "threads": 32}
     assert _v3_launch(2111, 4096, 132) == {"split": 1, "threads": 256}
-    assert _v3_launch(1 << 20, 4097, 132) == {"split": 1, "threads": 1024}  # past WARP_ROW_MAX
+    assert _v3_launch(1 << 20, 4097, 132) == {"split": 1, "threads": 1024, "tile": True}  # past WARP_ROW_MAX
     assert _v3_launch(133, 2048, 132) == {"split": 1, "threads": 256}
-    assert _v3_launch(132, 2048, 132) == {"split": 1, "threads": 1024}  # a row per SM anyway
-    assert _v3_launch(4096, 4097, 132) == {"split": 1, "threads": 1024}  # the 32768 tier
+    assert _v3_launch(132, 2048, 132) == {"split": 1, "threads": 1024, "tile": True}  # a row per SM anyway
+    assert _v3_launch(4096, 8193, 132) == {"split": 1, "threads": 1024}  # the 32768 tier
     assert _v3_launch(4096, 65536, 132) == {"split": 1, "threads": 1024}
     assert _v3_launch(1, 65536, 132) == {"split": 8, "threads": 1024}
     # streaming reads for unsplit rows of the uncached tier when the launch reads half the L2 or more
@@ -850,7 +883,10 @@ def test_v3_launch_choice():
     assert _v3_launch(64, 32768, 132, 4, l2) == {"split": 1, "threads": 1024}  # 8 MiB
     assert _v3_launch(1024, 32768, 132, 4, l2) == {"split": 1, "threads": 1024}  # the 32768 tier never
     assert _v3_launch(1, 1 << 24, 132, 4, l2) == {"split": 8, "threads": 1024}  # split rows never stream
-    assert _v3_launch(16384, 8192, 132, 4, l2) == {"split": 1, "threads": 1024}  # one tile, 32768 tier
+    # rows of one tile (<= TILE entries) on 1024 threads: topk_kernel_tile
+    assert _v3_launch(16384, 8192, 132, 4, l2) == {"split": 1, "threads": 1024, "tile": True}
+    assert _v3_launch(64, 8192, 132) == {"split": 1, "threads": 1024, "tile": True}
+    assert _v3_launch(64, 8193, 132) == {"split": 1, "threads": 1024}
     assert _v3_launch(128, 131072, 132, 4, 0) == {"split": 1, "threads": 1024}  # no L2 size known
     # the default launch keeps the factory's default arguments (and so its cache key)
     static = ("float32", "int32", "int32", 0, False, False, -1, float("-inf"), "topk", 0, 1)
@@ -860,6 +896,7 @@ def test_v3_launch_choice():
     assert _jit_args(*static, "v3", threads=32) == ("topk_kernel_warp", static[:3] + static[4:])  # no tier
     assert _jit_args(*static, "v1") == ("topk_kernel", static + ("v1",))
     assert _jit_args(*static, "v3", stream=True) == ("topk_kernel_v3", static + (1, 1024, True))
+    assert _jit_args(*static, "v3", tile=True) == ("topk_kernel_tile", static[:3] + static[4:])  # no tier
 
 
 def test_topk_variant_names():

@@ -1570,6 +1570,220 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
     return kernel
 
 
+# One-tile rows (k < end <= TILE: 8 keys a thread) in a kernel of their own, one 1024-thread CTA a row. Such
+# rows are bound by instruction issue, not by memory or barriers (ncu, 64 x 8192: ~1,430 warp instructions a
+# warp at IPC ~2.4 on the busy SMs is the whole row time), so this kernel does only what they need: the
+# keys stay in registers; [min, max] from one barrier; up to three radix passes (12-bit digits over
+# [lo, hi]: 2^32 -> 2^20 -> 2^8 -> 1 keys, a key in range by one unsigned compare) into two alternating
+# histograms, so a pass clears the one after next and needs two barriers: one after its adds, one after
+# its warps published their chunk totals; every warp then finds the threshold bin itself (a scan of the 32
+# totals, then of the chosen chunk's 128 bins), so no selection is written and read back; then the ordered
+# pass of v3 (_ordered_classes: keys above hi, the first kk keys in [lo, hi], ascending index order). A
+# search ends when the threshold bin is taken whole (cnt == kk) or is one key (then kk of its ties go).
+# H200, us (session 27, A/B in one process), v3's one-tile path -> this kernel: 64 x 8192, k 512:
+# randn 13.54 -> 10.46, few 13.22 -> 10.05, equal 9.02 -> 7.70, conc 11.81 -> 9.17; 4096 x 8192
+# 301.5 -> 196.7; 132 x 2048 11.62 -> 8.64.
+TILE_ROWS = True  # _v3_launch gives such rows this kernel (False: v3's one-tile path)
+TILE_BITS = 12  # radix digit: three passes cover 32 bits from 11 up; 2^(bits - 10) bins a lane in a selection
+
+
+@tilelang.jit(pass_configs={**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
+def topk_kernel_tile(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: str = "int32",
+                     with_values: bool = True, with_offset: bool = False, idx_fill: int = -1,
+                     val_fill: float = float("-inf"), mode: str = "topk", cand_bs: int = 0, block_c: int = 1):
+    """Rows of at most TILE entries, one CTA a row: the arguments of `topk_kernel_warp` without its rows per
+    CTA."""
+    total = T.dynamic("total", "int64")  # flat scores storage: (b - 1) * ld + n elements
+    b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
+    nc, mb = T.dynamic("nc, mb")
+    NT, NW, U, NB = THREADS, WARPS, UNROLL, 1 << TILE_BITS
+    CH = NB // NW  # bins per warp chunk in the selection
+    BPL = CH // 32  # bins per lane
+    assert 11 <= TILE_BITS <= 13 and PASSES * TILE_BITS >= 32, TILE_BITS
+    BPT = NB // NT  # histogram entries per thread in a clear
+    HS = NB + 32  # a histogram and a spare counter per lane (keys out of range)
+    ZERO, KEY_MAX = T.uint32(0), T.uint32(0xFFFFFFFF)
+    fills, emit = _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fill, mode,
+                               cand_bs, block_c, nc, mb, NT)
+
+    def lin(u, tx):
+        """The row entry of thread tx's key u: a warp owns U * 32 consecutive entries (the ordered pass's
+        cross-warp scan is then one count per warp)."""
+        return (tx // 32) * (U * 32) + u * 32 + tx % 32
+
+    @T.macro
+    def warp_incl(c, incl, lane):
+        """incl[0] = the warp's inclusive prefix sum of the int32 c."""
+        tmp = T.alloc_var("int32")
+        incl[0] = c
+        for o in (1, 2, 4, 8, 16):
+            tmp = T.shfl_up(incl[0], o)
+            incl[0] = incl[0] + T.if_then_else(lane >= o, tmp, 0)
+
+    @T.prim_func
+    def kernel(
+        scores: T.Tensor((total,), in_dtype),  # [b, n] rows at stride ld, flattened
+        end: T.Tensor((nb_end,), "int32"),  # [b] (or [1] dummy when has_end == 0)
+        offset: T.Tensor((nb_off,), off_dtype),  # [b] (or [1] dummy)
+        cand: T.Tensor((b, nc), "int32"),  # [b, c] candidate blocks (slots mode) or [b, 1] dummy
+        table: T.Tensor((b, mb), "int32"),  # [b, max_blocks] block table (slots mode) or dummy
+        values: T.Tensor((nb_val, kv), in_dtype),  # [b, k] (or [1, 1] dummy)
+        indices: T.Tensor((b, k), idx_dtype),  # [b, k]
+        n: T.int32,
+        ld: T.int64,
+        has_end: T.int32,
+    ):
+        with T.Kernel(b, threads=NT) as row:
+            tx = T.get_thread_binding()
+            lane = tx % 32
+            warp = tx // 32
+            s_hist = T.alloc_shared([2 * HS], "int32")  # two histograms, by pass parity
+            s_tot = T.alloc_shared([NW], "int32")  # a pass's chunk totals; then the ordered pass's counts
+            s_mm = T.alloc_shared([2, NW], "uint32")  # per-warp min / max
+            kb = T.alloc_local([U], "uint32")
+            inl = T.alloc_local([U], "int32")
+            hj = T.alloc_local([BPL], "int32")
+            incl = T.alloc_local([1], "int32")
+            wcnt = T.alloc_local([1], "int32")  # the ordered pass's packed warp total (_ordered_classes)
+            e = T.alloc_var("int32")
+            kk = T.alloc_var("int32")  # rank of the threshold among the keys in [lo, hi]
+            cnt = T.alloc_var("int32")  # keys in [lo, hi]
+            done = T.alloc_var("int32")
+            lo = T.alloc_var("uint32")
+            hi = T.alloc_var("uint32")
+            sh = T.alloc_var("int32")
+            kmin = T.alloc_var("uint32")
+            kmax = T.alloc_var("uint32")
+            c = T.alloc_var("int32")
+            r = T.alloc_var("int32")
+            wpre = T.alloc_var("int32")
+            sel = T.alloc_var("int32")
+            rr = T.alloc_var("int32")
+            hh = T.alloc_var("int32")
+            ch = T.alloc_var("int32")
+            ln = T.alloc_var("int32")
+            lt = T.alloc_var("uint32")
+            ok = T.alloc_var("int32")
+            t_before = T.alloc_var("int32")
+            pos = T.alloc_var("int32")
+
+            base = T.Cast("int64", row) * ld
+            # the row's loads go out first, bounded by n (in the row whatever `end` says), so they need not
+            # wait for end[row]; entries at and past `end` are masked when keyed
+            for u in T.unroll(U):
+                kb[u] = T.if_then_else(lin(u, tx) < n, _f32_bits(scores[base + lin(u, tx)]), ZERO)
+            e = n
+            if has_end != 0:
+                e = T.max(T.min(end[row], n), 0)  # clamp: a bad end never reads outside the row
+            fills(values, indices, row, tx, k, e)
+            if e <= k:
+                # every valid entry is taken: lane i holds entry i (ascending index)
+                for q in T.serial(T.ceildiv(e, NT)):
+                    if q * NT + tx < e:
+                        emit(scores, offset, cand, table, values, indices, row, base, q * NT + tx,
+                             q * NT + tx)
+            else:
+                kmin = KEY_MAX
+                kmax = ZERO
+                for u in T.unroll(U):
+                    # key 0 (below every real key, which is >= 0x007FFFFF) past the end: & the sign-extended
+                    # borrow of i - e (all ones before the end), no branch around the key
+                    kb[u] = _key(kb[u]) & T.Cast("uint32", T.Cast("int32", lin(u, tx) - e) >> 31)
+                    kmin = T.min(kmin, T.if_then_else(kb[u] == ZERO, KEY_MAX, kb[u]))
+                    kmax = T.max(kmax, kb[u])
+                kmin = _warp_min(kmin)
+                kmax = _warp_max(kmax)
+                if lane == 0:
+                    s_mm[0, warp] = kmin
+                    s_mm[1, warp] = kmax
+                for q in T.unroll(BPT):
+                    s_hist[q * NT + tx] = 0
+                    s_hist[HS + q * NT + tx] = 0
+                T.sync_threads()
+                lo = _warp_min(s_mm[0, lane])
+                hi = _warp_max(s_mm[1, lane])
+                kk = k
+                cnt = e
+                done = T.if_then_else(lo == hi, 1, 0)
+                for p in T.unroll(PASSES):
+                    if done == 0:  # block-uniform
+                        hb = (p % 2) * HS
+                        sh = T.max(0, (32 - TILE_BITS) - T.Cast("int32", T.clz(hi - lo)))
+                        for u in T.unroll(U):
+                            # in [lo, hi] <=> kb - lo <= hi - lo (unsigned: keys below lo wrap above); every
+                            # lane adds, a key out of range to its lane's spare counter, so there is no branch
+                            # (H200, us, with / without the spare counters: 64 x 8192 randn 10.46 / 10.50, few
+                            # 10.05 / 10.21; 4096 x 8192 few 212.0 / 216.3, conc 180.5 / 177.5)
+                            T.atomic_add(s_hist[hb + T.Cast("int32", T.if_then_else(
+                                kb[u] - lo <= hi - lo, (kb[u] - lo) >> T.Cast("uint32", sh),
+                                T.Cast("uint32", NB + lane)))], 1)
+                        T.sync_threads()
+                        # warp w's chunk: bins NB-1-CH*w-d, d < CH (descending), BPL a lane
+                        c = 0
+                        for j in T.unroll(BPL):
+                            c = c + s_hist[hb + NB - 1 - CH * warp - BPL * lane - j]
+                        c = _warp_sum(c)
+                        if lane == 0:
+                            s_tot[warp] = c
+                        if p == 1:
+                            for q in T.unroll(BPT):  # the third pass's histogram (the first's, read by now)
+                                s_hist[q * NT + tx] = 0
+                        T.sync_threads()
+                        # every warp alike: the chunk ch holding the kk-th largest key, r its rank there ...
+                        c = s_tot[lane]
+                        warp_incl(c, incl, lane)
+                        ch = T.Cast("int32", T.popcount(T.Cast("uint32", T.ballot_sync(incl[0] < kk))))
+                        r = kk - T.shfl_sync(incl[0] - c, ch)
+                        # ... and in it the lane ln whose BPL bins hold the r-th, and there the bin
+                        c = 0
+                        for j in T.unroll(BPL):
+                            hj[j] = s_hist[hb + NB - 1 - CH * ch - BPL * lane - j]
+                            c = c + hj[j]
+                        warp_incl(c, incl, lane)
+                        ln = T.Cast("int32", T.popcount(T.Cast("uint32", T.ballot_sync(incl[0] < r))))
+                        wpre = incl[0] - c  # keys in the chunk's bins above my bins
+                        sel = 0
+                        rr = 0
+                        hh = 0
+                        for j in T.unroll(BPL):
+                            if T.And(wpre < r, r <= wpre + hj[j]):
+                                sel = j
+                                rr = r - wpre
+                                hh = hj[j]
+                            wpre = wpre + hj[j]
+                        sel = T.shfl_sync(sel, ln)
+                        kk = T.shfl_sync(rr, ln)
+                        cnt = T.shfl_sync(hh, ln)
+                        sel = NB - 1 - CH * ch - BPL * ln - sel  # the bin
+                        lo = lo + (T.Cast("uint32", sel) << T.Cast("uint32", sh))
+                        hi = lo + T.min(hi - lo, (T.uint32(1) << T.Cast("uint32", sh)) - T.uint32(1))
+                        done = T.if_then_else(T.Or(cnt == kk, lo == hi), 1, 0)
+                # ordered pass: keys above hi, and the first kk keys in [lo, hi] (all of them when cnt == kk)
+                lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)  # lanes below mine
+                _ordered_classes(kb, inl, wcnt, U, lo, hi, cnt, kk, lt)
+                if lane == 0:
+                    s_tot[warp] = wcnt[0]
+                T.sync_threads()
+                c = _warp_sum(T.if_then_else(lane < warp, s_tot[lane], 0))  # packed counts, warps before
+                if cnt == kk:  # block-uniform: every key >= lo is taken, there are no ties to count
+                    for u in T.unroll(U):
+                        pos = c + (inl[u] & 0xFFFF)
+                        if T.And((inl[u] & CLS_TAKE) != 0, pos < k):
+                            emit(scores, offset, cand, table, values, indices, row, base, pos, lin(u, tx))
+                else:
+                    for u in T.unroll(U):
+                        wpre = c + (inl[u] & CNT_MASK)
+                        t_before = wpre >> 16
+                        pos = (wpre & 0xFFFF) + T.min(t_before, kk)
+                        # taken: a key above hi, or one of the first kk ties (bitwise: one branch, the emit's)
+                        ok = ((inl[u] >> 28) | ((inl[u] >> 29) & T.Cast("int32", t_before < kk))) & T.Cast(
+                            "int32", pos < k)
+                        if (ok & 1) != 0:
+                            emit(scores, offset, cand, table, values, indices, row, base, pos, lin(u, tx))
+
+    return kernel
+
+
 # One warp per row (v3's launch for many short rows; `threads` 32 in _v3_launch): a row's whole search runs
 # in one warp, so there is no block barrier, no cross-warp scan and no idle warp, and an SM holds up to 24
 # rows at a time (80 registers a thread and 37 KiB of shared memory a CTA: 6 CTAs of 4 warps; a 1024-thread
@@ -1799,14 +2013,18 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
     return kernel
 
 
-def _jit_args(*static, split=1, threads=THREADS, stream=False) -> tuple:
+def _jit_args(*static, split=1, threads=THREADS, stream=False, tile=False) -> tuple:
     """(factory name, positional arguments) of the top-k kernel for these static arguments (the last one is
     the variant; `split`: v3's CTAs per row, `threads`: v3's threads per CTA, 32 for `topk_kernel_warp`, one
-    warp per row, which takes no cache tier and no split; `stream`: v3's streaming reads; defaults are left
-    out, so the default launch keeps its cache key)."""
+    warp per row, which takes no cache tier and no split; `stream`: v3's streaming reads; `tile`: rows of
+    at most TILE entries, `topk_kernel_tile`; defaults are left out, so the default launch keeps its cache
+    key)."""
     if static[-1] == "v3" and threads == 32:
-        assert split == 1, "a warp per row is never split"
+        assert split == 1 and not tile, "a warp per row is never split"
         return "topk_kernel_warp", static[:3] + static[4:-1]
+    if static[-1] == "v3" and tile:
+        assert split == 1 and threads == THREADS and not stream, (split, threads, stream)
+        return "topk_kernel_tile", static[:3] + static[4:-1]
     if static[-1] == "v3":
         if stream:
             extra = (split, threads, True)
@@ -1818,11 +2036,11 @@ def _jit_args(*static, split=1, threads=THREADS, stream=False) -> tuple:
     return "topk_kernel", static
 
 
-def _topk_jit(*static, split=1, threads=THREADS, stream=False):
+def _topk_jit(*static, split=1, threads=THREADS, stream=False, tile=False):
     """The compiled top-k kernel (see _jit_args)."""
-    name, args = _jit_args(*static, split=split, threads=threads, stream=stream)
+    name, args = _jit_args(*static, split=split, threads=threads, stream=stream, tile=tile)
     return {"topk_kernel_v3": topk_kernel_v3, "topk_kernel": topk_kernel,
-            "topk_kernel_warp": topk_kernel_warp}[name](*args)
+            "topk_kernel_warp": topk_kernel_warp, "topk_kernel_tile": topk_kernel_tile}[name](*args)
 
 
 def _v3_split(b: int, n: int, cache_cap: int, sms: int) -> int:
@@ -1898,6 +2116,8 @@ def _v3_launch(b: int, n: int, sms: int, itemsize: int = 4, l2_bytes: int = 0) -
     if (cap == 0 and split == 1 and launch["threads"] == THREADS
             and l2_bytes > 0 and b * n * itemsize >= STREAM_L2_FRACTION * l2_bytes):
         launch["stream"] = True
+    if TILE_ROWS and split == 1 and launch["threads"] == THREADS and n <= TILE:
+        launch["tile"] = True
     return launch
 
 
@@ -2175,7 +2395,7 @@ def convert_kv_index_(index, block_size_c, valid_lens, block_tables):
 QUICK_BUILD = ("topk fp32 uncached v1", "topk fp32 uncached split8", "topk fp32 uncached stream",
                "topk bf16 int64+offset cache4096", "topk_to_slots fp32 cand16 Bc64",
                "topk fp32 cache32768 split2", "topk fp32 cache32768 threads512", "topk warp bf16",
-               "block_max", "restore", "convert")
+               "topk tile bf16", "block_max", "restore", "convert")
 
 
 def build_configs() -> list[tuple]:
@@ -2215,6 +2435,10 @@ def build_configs() -> list[tuple]:
     for name, static in (("topk warp fp32", paths[0][1]), ("topk warp bf16 int64+offset", paths[2][1]),
                          ("topk_to_slots warp fp32 cand16 Bc64", paths[4][1])):
         configs.append((name, topk_kernel_warp, _jit_args(*static, "v3", threads=32)[1]))
+    # rows of one tile on 1024 threads (_v3_launch): plain scores, bf16 with offsets, the fused slots
+    for name, static in (("topk tile fp32", paths[0][1]), ("topk tile bf16 int64+offset", paths[2][1]),
+                         ("topk_to_slots tile fp32 cand16 Bc64", paths[4][1])):
+        configs.append((name, topk_kernel_tile, _jit_args(*static, "v3", tile=True)[1]))
     configs += [
         ("block_max bs16 fp32", block_max_kernel, (16, "float32")),
         ("block_max bs8 bf16", block_max_kernel, (8, "bfloat16")),

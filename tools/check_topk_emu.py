@@ -46,6 +46,7 @@ from tools.fiber_emu import EmuKernel  # noqa: E402
 _real_factory = tk.topk_kernel
 _real_v3 = tk.topk_kernel_v3
 _real_warp = tk.topk_kernel_warp
+_real_tile = tk.topk_kernel_tile
 ORDER = ["scores", "end", "offset", "cand", "table", "values", "indices", "n", "ld", "has_end"]
 SHAPES = {"total": ("scores", None), "nb_end": ("end", None), "nb_off": ("offset", None),
           "b": ("indices", 0), "k": ("indices", 1), "nc": ("cand", 1), "mb": ("table", 1),
@@ -114,6 +115,20 @@ def fake_warp(*static):
     return k
 
 
+def fake_tile(*static):
+    key = repr(("tile",) + static)
+    if key not in _kernels:
+        src = _emu_source(compile_for_sm90(_real_tile, *static).get_kernel_source())
+        kern = EmuKernel(src, "topk", ORDER, SHAPES)
+        kern.threads = tk.THREADS
+        kern.cluster = 1
+        kern.grid_of = lambda kw: kw["indices"].shape[0]
+        _kernels[key] = kern
+    k = _kernels[key]
+    k.seed = SEED[0]
+    return k
+
+
 def fake_factory(*static, real=None):
     real = real or _real_factory
     key = repr((real is _real_v3,) + static)
@@ -133,6 +148,7 @@ def fake_factory(*static, real=None):
 tk.topk_kernel = fake_factory
 tk.topk_kernel_v3 = fake_v3
 tk.topk_kernel_warp = fake_warp
+tk.topk_kernel_tile = fake_tile
 tk.check_cuda = lambda **kw: torch.device("cpu")
 tk._sm_count = lambda device: SMS[0]
 tk._l2_bytes = lambda device: L2[0]
