@@ -742,6 +742,16 @@ def _warp_sum(x):
     return T.call_extern("int32", "__reduce_add_sync", T.uint32(0xFFFFFFFF), x)
 
 
+@T.macro
+def _warp_incl(c, incl, lane):
+    """incl[0] = the warp's inclusive prefix sum of the int32 c (v3 and the tile kernel)."""
+    tmp = T.alloc_var("int32")
+    incl[0] = c
+    for o in (1, 2, 4, 8, 16):
+        tmp = T.shfl_up(incl[0], o)
+        incl[0] = incl[0] + T.if_then_else(lane >= o, tmp, 0)
+
+
 # Packed counts of an ordered pass's step (v3 and the warp kernel): keys taken for sure in the low 16 bits,
 # ties above (TIE); a lane's own class rides above its rank (CLS_*), so it needs no register of its own.
 TIE = 1 << 16
@@ -882,19 +892,10 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
         hist_add(bv, s_hist)
 
     @T.macro
-    def warp_incl(c, incl, lane):
-        """incl[0] = the warp's inclusive prefix sum of the int32 c."""
-        tmp = T.alloc_var("int32")
-        incl[0] = c
-        for o in (1, 2, 4, 8, 16):
-            tmp = T.shfl_up(incl[0], o)
-            incl[0] = incl[0] + T.if_then_else(lane >= o, tmp, 0)
-
-    @T.macro
     def warp_scan(c, incl, s_scan, lane, warp):
-        """warp_incl, and the last lane publishes the warp's total to s_scan[0, warp] (read after a
+        """_warp_incl, and the last lane publishes the warp's total to s_scan[0, warp] (read after a
         barrier)."""
-        warp_incl(c, incl, lane)
+        _warp_incl(c, incl, lane)
         if lane == 31:
             s_scan[0, warp] = incl[0]
 
@@ -1242,7 +1243,7 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
                                 mb = mb | (T.if_then_else(T.Or(lin(it, u, tx) >= t_end, xf < tf), ZERO,
                                                           T.uint32(1)) << T.uint32(u))
                         c = T.Cast("int32", T.popcount(mb))
-                        warp_incl(c, incl, lane)
+                        _warp_incl(c, incl, lane)
                         wsum = T.shfl_sync(incl[0], 31)
                         if wsum != 0:  # warp-uniform
                             if lane == 0:
@@ -1611,15 +1612,6 @@ def topk_kernel_tile(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
         cross-warp scan is then one count per warp)."""
         return (tx // 32) * (U * 32) + u * 32 + tx % 32
 
-    @T.macro
-    def warp_incl(c, incl, lane):
-        """incl[0] = the warp's inclusive prefix sum of the int32 c."""
-        tmp = T.alloc_var("int32")
-        incl[0] = c
-        for o in (1, 2, 4, 8, 16):
-            tmp = T.shfl_up(incl[0], o)
-            incl[0] = incl[0] + T.if_then_else(lane >= o, tmp, 0)
-
     @T.prim_func
     def kernel(
         scores: T.Tensor((total,), in_dtype),  # [b, n] rows at stride ld, flattened
@@ -1731,7 +1723,7 @@ def topk_kernel_tile(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
                         T.sync_threads()
                         # every warp alike: the chunk ch holding the kk-th largest key, r its rank there ...
                         c = s_tot[lane]
-                        warp_incl(c, incl, lane)
+                        _warp_incl(c, incl, lane)
                         ch = T.Cast("int32", T.popcount(T.Cast("uint32", T.ballot_sync(incl[0] < kk))))
                         r = kk - T.shfl_sync(incl[0] - c, ch)
                         # ... and in it the lane ln whose BPL bins hold the r-th, and there the bin
@@ -1739,7 +1731,7 @@ def topk_kernel_tile(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
                         for j in T.unroll(BPL):
                             hj[j] = s_hist[hb + NB - 1 - CH * ch - BPL * lane - j]
                             c = c + hj[j]
-                        warp_incl(c, incl, lane)
+                        _warp_incl(c, incl, lane)
                         ln = T.Cast("int32", T.popcount(T.Cast("uint32", T.ballot_sync(incl[0] < r))))
                         wpre = incl[0] - c  # keys in the chunk's bins above my bins
                         sel = 0
