@@ -21,7 +21,8 @@ from tilelang_ops.topk import topk, topk_to_slots
 
 OP = "topk"
 # the issue's four shapes, then many short rows (a prefill's queries against a short context)
-SHAPES = [(128, 131072, 2048), (64, 32768, 2048), (1, 65536, 2048), (64, 8192, 512), (4096, 2048, 512)]
+SHAPES = [(128, 131072, 2048), (64, 32768, 2048), (1, 65536, 2048), (64, 8192, 512), (4096, 2048, 512),
+          (4096, 1000, 512)]
 DISTS = {"": "randn", "_conc": "conc", "_tiny": "tiny", "_equal": "equal", "_few": "few",
          "_sorted": "sorted"}
 PEER_VARIANTS = topk_mod.VARIANTS  # timed next to the default, all but the default itself
@@ -73,8 +74,9 @@ def split_times(fn, b, n, splits, flush) -> dict:
 def _peers(fn, flush, b, n) -> dict:
     """Times of fn under each peer variant that is not the default (keys: the variant names); where v3
     splits these rows over a cluster, v3 on one CTA per row ("split1") and on half the default's largest
-    split ("split4" with MAX_SPLIT = 8); where v3 launches fewer threads per CTA, v3 on the full CTA
-    ("threads1024"), and where it launches a warp per row, also on 256-thread CTAs ("threads256")."""
+    split ("split4" with MAX_SPLIT = 8); where v3 launches fewer threads per CTA than the full CTA,
+    v3 on the other two of one warp per row, 256-thread and 1024-thread CTAs ("threads32", "threads256",
+    "threads1024")."""
     out = {}
     for name in PEER_VARIANTS:
         if name != topk_mod.TOPK_VARIANT:
@@ -84,8 +86,9 @@ def _peers(fn, flush, b, n) -> dict:
     if launch["split"] > 1:
         out.update(split_times(fn, b, n, (1, topk_mod.MAX_SPLIT // 2), flush))
     if launch["threads"] != topk_mod.THREADS:
-        also = (topk_mod.SHORT_ROW_THREADS,) if launch["threads"] == 32 else ()
-        for threads in also + (topk_mod.THREADS,):
+        for threads in (32, topk_mod.SHORT_ROW_THREADS, topk_mod.THREADS):
+            if threads == launch["threads"]:
+                continue
             with forced_threads(threads):
                 out[f"threads{threads}"] = time_us(fn, flush_bytes=flush)
     return out

@@ -763,12 +763,14 @@ def test_gpu_topk_threads_exact(case, threads, monkeypatch):
     monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
     monkeypatch.setattr(tk, "MAX_SPLIT", 1)
     monkeypatch.setattr(tk, "_v3_threads", lambda b, n, cache_cap, sms: threads)
+    monkeypatch.setattr(tk, "TILE_SHORT", False)  # v3 itself on 256 threads (test_gpu_topk_tile_exact: tile)
     assert tk._launch(case.b, case.n, torch.device("cuda")) == {"split": 1, "threads": threads}
     _check_gpu_case(case, tk.topk, f" threads {threads}")
 
 
-# Rows of one tile (k < end <= TILE) on 1024 threads: topk_kernel_tile (the wrapper's launch), and v3's own
-# one-tile path (keys in registers, TILE_ROWS off), which the wrapper still launches on 256 / 512 threads.
+# Rows of one tile: topk_kernel_tile on 1024 threads (k < end <= TILE) and on 256 threads (end <= 4096, 8 or
+# 16 keys a thread: the short tier's rows, forced on every case that fits), and v3's own one-tile path (keys
+# in registers, TILE_ROWS off).
 TILE_CASES = [
     GpuCase("randn", 64, 8192, 512),
     GpuCase("randn", 7, 2048, 512, "random"),
@@ -783,20 +785,29 @@ TILE_CASES = [
     GpuCase("sorted", 8, 5000, 1, "random"),
     GpuCase("randn", 16, 100, 8, "random", "bf16", "sorted"),
     GpuCase("outliers", 8, 8192, 2048),
+    GpuCase("few", 300, 4096, 512, "random"),
+    GpuCase("conc", 64, 4096, 1000, "random", "bf16"),
+    GpuCase("ties50", 64, 3000, 300, "random", mode="sorted_index"),
+    GpuCase("equal", 64, 2048, 64, "random", mode="sorted"),
+    GpuCase("special", 32, 2100, 2000, "random", "bf16", "sorted"),
 ]
 
 
 @requires_cuda
-@pytest.mark.parametrize("tile_rows", [True, False], ids=["tile", "v3"])
+@pytest.mark.parametrize("kernel, threads", [("tile", 1024), ("tile", 256), ("v3", 1024)],
+                         ids=["tile", "tile256", "v3"])
 @pytest.mark.parametrize("case", TILE_CASES, ids=case_id)
-def test_gpu_topk_tile_exact(case, tile_rows, monkeypatch):
+def test_gpu_topk_tile_exact(case, kernel, threads, monkeypatch):
     import tilelang_ops.topk as tk
 
+    if threads * tk.TILE_MAX_UNROLL < case.n:
+        pytest.skip(f"rows of {case.n} entries are more than one tile on {threads} threads")
     monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
-    monkeypatch.setattr(tk, "TILE_ROWS", tile_rows)
+    monkeypatch.setattr(tk, "TILE_ROWS", kernel == "tile")
+    monkeypatch.setattr(tk, "_v3_threads", lambda b, n, cache_cap, sms: threads)
     launch = tk._launch(case.b, case.n, torch.device("cuda"))
-    assert launch.get("tile", False) == tile_rows and launch["threads"] == tk.THREADS, launch
-    _check_gpu_case(case, tk.topk, " tile" if tile_rows else " v3 one-tile")
+    assert (launch.get("tile", 0) > 0) == (kernel == "tile") and launch["threads"] == threads, launch
+    _check_gpu_case(case, tk.topk, f" {kernel} {threads} threads")
 
 
 # v3's streaming reads (evict-first loads in the compaction, see STREAM_PRELUDE), forced on every launch of
@@ -818,15 +829,19 @@ def test_gpu_topk_stream_exact(case, monkeypatch):
 
 
 @requires_cuda
-@pytest.mark.parametrize("split, threads", [(1, 1024), (2, 1024), (1, 256), (1, 32)])
-def test_gpu_topk_to_slots_launch(split, threads, monkeypatch):
+@pytest.mark.parametrize("split, threads, n, tile", [
+    (1, 1024, 30000, 0), (2, 1024, 30000, 0), (1, 256, 30000, 0), (1, 32, 30000, 0),
+    (1, 1024, 8000, 8), (1, 256, 4000, 16),  # rows of one tile: topk_kernel_tile
+])
+def test_gpu_topk_to_slots_launch(split, threads, n, tile, monkeypatch):
     import tilelang_ops.topk as tk
 
     monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
     monkeypatch.setattr(tk, "MAX_SPLIT", split)
     monkeypatch.setattr(tk, "_v3_threads", lambda b, n, cache_cap, sms: threads)
-    b, n, k, bc, bs = 8, 30000, 2048, 64, 16
-    assert tk._launch(b, n, torch.device("cuda")) == {"split": split, "threads": threads}
+    b, k, bc, bs = 8, 2048, 64, 16
+    want_launch = {"split": split, "threads": threads, **({"tile": tile} if tile else {})}
+    assert tk._launch(b, n, torch.device("cuda")) == want_launch
     end = make_end("random", b, n, k, device="cuda")
     x = poison_beyond_end(make_scores("randn", b, n, device="cuda"), end)
     table = torch.randint(0, 100000, (b, 1000), dtype=torch.int32, device="cuda")
@@ -837,7 +852,7 @@ def test_gpu_topk_to_slots_launch(split, threads, monkeypatch):
     _, idx = topk_torch(x, k, end=end)
     restore_candidate_indices_ref_(idx, blocks, bs)
     want = convert_kv_index_ref_(idx.reshape(b, 1, k), bc, end.clamp(max=k).reshape(b, 1), table)
-    compare_bitwise(f"slots split {split} threads {threads}", got, want.reshape(b, k)).check()
+    compare_bitwise(f"slots split {split} threads {threads} tile {tile}", got, want.reshape(b, k)).check()
 
 
 def test_v3_split_choice(monkeypatch):
@@ -857,21 +872,31 @@ def test_v3_split_choice(monkeypatch):
 
 
 def test_v3_launch_choice():
-    from tilelang_ops.topk import SHORT_ROW_THREADS, THREADS, WARP_ROW_MAX, _jit_args, _v3_launch
+    from tilelang_ops.topk import (
+        SHORT_ROW_THREADS,
+        THREADS,
+        WARP_ROW_MAX,
+        _jit_args,
+        _tile_unroll,
+        _v3_launch,
+    )
 
-    # a warp per row for at least n / 256 rows of <= WARP_ROW_MAX entries per SM; else 256-thread CTAs for
+    # a warp per row for at least n / 104 rows of <= WARP_ROW_MAX entries per SM; else 256-thread CTAs for
     # more short rows (<= 4096 entries) than SMs; a split row keeps the full CTA
-    assert SHORT_ROW_THREADS == 256 and THREADS == 1024 and WARP_ROW_MAX == 4096
-    # (n / 320 rows per SM for rows that fit the warp's key cache)
-    assert _v3_launch(845, 2048, 132) == {"split": 1, "threads": 32}
-    assert _v3_launch(844, 2048, 132) == {"split": 1, "threads": 256}
-    assert _v3_launch(413, 1000, 132) == {"split": 1, "threads": 32}
-    assert _v3_launch(412, 1000, 132) == {"split": 1, "threads": 256}
-    assert _v3_launch(2112, 4096, 132) == {"split": 1, "threads": 32}
-    assert _v3_launch(2111, 4096, 132) == {"split": 1, "threads": 256}
-    assert _v3_launch(1 << 20, 4097, 132) == {"split": 1, "threads": 1024, "tile": True}  # past WARP_ROW_MAX
-    assert _v3_launch(133, 2048, 132) == {"split": 1, "threads": 256}
-    assert _v3_launch(132, 2048, 132) == {"split": 1, "threads": 1024, "tile": True}  # a row per SM anyway
+    assert SHORT_ROW_THREADS == 256 and THREADS == 1024 and WARP_ROW_MAX == 1024
+    # (the 256-thread rows are one tile of the tile kernel: 8 keys a thread up to 2048 entries, then 16)
+    assert _v3_launch(1270, 1000, 132) == {"split": 1, "threads": 32}
+    assert _v3_launch(1269, 1000, 132) == {"split": 1, "threads": 256, "tile": 8}
+    assert _v3_launch(1300, 1024, 132) == {"split": 1, "threads": 32}
+    assert _v3_launch(1299, 1024, 132) == {"split": 1, "threads": 256, "tile": 8}
+    assert _v3_launch(762, 600, 132) == {"split": 1, "threads": 32}
+    assert _v3_launch(761, 600, 132) == {"split": 1, "threads": 256, "tile": 8}
+    assert _v3_launch(1 << 20, 1025, 132) == {"split": 1, "threads": 256, "tile": 8}  # past WARP_ROW_MAX
+    assert _v3_launch(1 << 20, 2049, 132) == {"split": 1, "threads": 256, "tile": 16}
+    assert _v3_launch(1 << 20, 4096, 132) == {"split": 1, "threads": 256, "tile": 16}
+    assert _v3_launch(1 << 20, 4097, 132) == {"split": 1, "threads": 1024, "tile": 8}  # past the short tier
+    assert _v3_launch(133, 2049, 132) == {"split": 1, "threads": 256, "tile": 16}
+    assert _v3_launch(132, 2048, 132) == {"split": 1, "threads": 1024, "tile": 8}  # a row per SM anyway
     assert _v3_launch(4096, 8193, 132) == {"split": 1, "threads": 1024}  # the 32768 tier
     assert _v3_launch(4096, 65536, 132) == {"split": 1, "threads": 1024}
     assert _v3_launch(1, 65536, 132) == {"split": 8, "threads": 1024}
@@ -884,8 +909,8 @@ def test_v3_launch_choice():
     assert _v3_launch(1024, 32768, 132, 4, l2) == {"split": 1, "threads": 1024}  # the 32768 tier never
     assert _v3_launch(1, 1 << 24, 132, 4, l2) == {"split": 8, "threads": 1024}  # split rows never stream
     # rows of one tile (<= TILE entries) on 1024 threads: topk_kernel_tile
-    assert _v3_launch(16384, 8192, 132, 4, l2) == {"split": 1, "threads": 1024, "tile": True}
-    assert _v3_launch(64, 8192, 132) == {"split": 1, "threads": 1024, "tile": True}
+    assert _v3_launch(16384, 8192, 132, 4, l2) == {"split": 1, "threads": 1024, "tile": 8}
+    assert _v3_launch(64, 8192, 132) == {"split": 1, "threads": 1024, "tile": 8}
     assert _v3_launch(64, 8193, 132) == {"split": 1, "threads": 1024}
     assert _v3_launch(128, 131072, 132, 4, 0) == {"split": 1, "threads": 1024}  # no L2 size known
     # the default launch keeps the factory's default arguments (and so its cache key)
@@ -896,7 +921,11 @@ def test_v3_launch_choice():
     assert _jit_args(*static, "v3", threads=32) == ("topk_kernel_warp", static[:3] + static[4:])  # no tier
     assert _jit_args(*static, "v1") == ("topk_kernel", static + ("v1",))
     assert _jit_args(*static, "v3", stream=True) == ("topk_kernel_v3", static + (1, 1024, True))
-    assert _jit_args(*static, "v3", tile=True) == ("topk_kernel_tile", static[:3] + static[4:])  # no tier
+    assert _jit_args(*static, "v3", tile=8) == ("topk_kernel_tile", static[:3] + static[4:])  # no tier
+    assert _jit_args(*static, "v3", threads=256, tile=16) == ("topk_kernel_tile",
+                                                               static[:3] + static[4:] + (256, 16))
+    assert [_tile_unroll(n, t) for n, t in ((1, 1024), (8192, 1024), (8193, 1024), (2048, 256), (2049, 256),
+                                            (4096, 256), (4097, 256))] == [8, 8, 0, 8, 16, 16, 0]
 
 
 def test_topk_variant_names():

@@ -47,13 +47,12 @@ short rows and a cluster of CTAs for a few long ones, see the last bullets), exa
   list, and the others copy theirs into the lead's list through distributed shared memory (room
   reserved with one remote add), one cluster barrier, then the lead goes on alone. 1 x 65536: 20.7 ->
   17.0 us on the H200, 1 x 1M 109 -> 49 us; at 64 rows it measured slower (see _v3_split).
-* v3 on many short rows (at least n / 256 rows of <= 4096 entries per SM, n / 320 for rows of <= 2048, see
-  _v3_threads): one warp per row (`topk_kernel_warp`), four rows per CTA, no block barrier. The same
-  radix select on 8-bit digits
-  (a 256-bin histogram per warp; at most 4 passes, each re-reading the row, or for rows of at most
-  W_CACHE entries the keys the first pass kept in shared memory, and batching its shuffles, votes and
-  adds), then the ordered pass with ballots. 4096 x 1000, k = 512: 93 -> 38 us; 4096 x 2048: 115 -> 69
-  us on the H200.
+* v3 on many short rows (at least n / 104 rows of <= 1024 entries per SM, see _v3_threads): one warp
+  per row (`topk_kernel_warp`), four rows per CTA, no block barrier. The same radix select on 8-bit
+  digits (a 256-bin histogram per warp; at most 4 passes, each re-reading the row, or for rows of at
+  most W_CACHE entries the keys the first pass kept in shared memory, and batching its shuffles, votes
+  and adds), then the ordered pass with ballots. 4096 x 1000, k = 512: 37 us against the tile kernel's
+  37 (few distinct values 34 / 55) on the H200.
 * v3 on launches of long (uncached) rows that read at least half the L2: the compaction's reads past its
   first tile use the L2 evict-first policy (see STREAM_PRELUDE): 128 x 131072: 36.3 -> 33.4 us.
 * Lanes [min(k, end), k) get the fills; `end` is clamped to [0, n] in the kernel so a bad `end` can
@@ -1585,27 +1584,50 @@ def topk_kernel_v3(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtyp
 # randn 13.54 -> 10.46, few 13.22 -> 10.05, equal 9.02 -> 7.70, conc 11.81 -> 9.17; 4096 x 8192
 # 301.5 -> 196.7; 132 x 2048 11.62 -> 8.64.
 TILE_ROWS = True  # _v3_launch gives such rows this kernel (False: v3's one-tile path)
-TILE_BITS = 12  # radix digit: three passes cover 32 bits from 11 up; 2^(bits - 10) bins a lane in a selection
+TILE_SHORT = True  # ... and the rows v3 would run on SHORT_ROW_THREADS (256: up to SMALL_CACHE entries)
+# Radix digit: three passes cover 32 bits from 11 up. H200, us, 12 -> 11 bits (A/B, session 28): 64 x 8192,
+# k 512: randn 9.65 -> 9.25, few 9.89 -> 9.63, conc 9.02 -> 8.86, sorted 9.38 -> 9.02, equal the same;
+# 4096 x 8192: randn 176.7 -> 167.1, few 209.2 -> 200.0 (fewer bins to clear and to scan a pass).
+TILE_BITS = 11
+
+
+def _tile_unroll(n: int, threads: int) -> int:
+    """Keys a thread of the tile kernel for rows of n <= TILE entries on `threads` threads: UNROLL, or the
+    power of two above that covers the row (0: the row is too long for one tile)."""
+    u = UNROLL
+    while threads * u < n <= TILE and u < TILE_MAX_UNROLL:
+        u *= 2
+    return u if threads * u >= n else 0
+
+
+TILE_MAX_UNROLL = 16  # 256 threads x 16 keys: rows of the short tier (SMALL_CACHE) on v3's 256-thread launch
 
 
 @tilelang.jit(pass_configs={**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
 def topk_kernel_tile(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: str = "int32",
                      with_values: bool = True, with_offset: bool = False, idx_fill: int = -1,
-                     val_fill: float = float("-inf"), mode: str = "topk", cand_bs: int = 0, block_c: int = 1):
-    """Rows of at most TILE entries, one CTA a row: the arguments of `topk_kernel_warp` without its rows per
-    CTA."""
+                     val_fill: float = float("-inf"), mode: str = "topk", cand_bs: int = 0, block_c: int = 1,
+                     threads: int = THREADS, unroll: int = UNROLL):
+    """Rows of at most threads * unroll entries, one CTA a row: the arguments of `topk_kernel_warp` without
+    its rows per CTA, then `threads` a CTA and `unroll` keys a thread."""
     total = T.dynamic("total", "int64")  # flat scores storage: (b - 1) * ld + n elements
     b, k, nb_end, nb_off, nb_val, kv = T.dynamic("b, k, nb_end, nb_off, nb_val, kv")
     nc, mb = T.dynamic("nc, mb")
-    NT, NW, U, NB = THREADS, WARPS, UNROLL, 1 << TILE_BITS
+    NT, U, NB = threads, unroll, 1 << TILE_BITS
+    NW = NT // 32
     CH = NB // NW  # bins per warp chunk in the selection
     BPL = CH // 32  # bins per lane
     assert 11 <= TILE_BITS <= 13 and PASSES * TILE_BITS >= 32, TILE_BITS
+    assert NT in (256, 512, 1024) and U in (8, 16), (NT, U)
     BPT = NB // NT  # histogram entries per thread in a clear
     HS = NB + 32  # a histogram and a spare counter per lane (keys out of range)
     ZERO, KEY_MAX = T.uint32(0), T.uint32(0xFFFFFFFF)
     fills, emit = _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fill, mode,
                                cand_bs, block_c, nc, mb, NT)
+
+    def of_warp(read, lane, fill):
+        """read(lane), a warp's entry, in the lanes that name a warp (all of them at 32 warps), else fill."""
+        return read(lane) if NW == 32 else T.if_then_else(lane < NW, read(lane), fill)
 
     def lin(u, tx):
         """The row entry of thread tx's key u: a warp owns U * 32 consecutive entries (the ordered pass's
@@ -1692,8 +1714,8 @@ def topk_kernel_tile(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
                     s_hist[q * NT + tx] = 0
                     s_hist[HS + q * NT + tx] = 0
                 T.sync_threads()
-                lo = _warp_min(s_mm[0, lane])
-                hi = _warp_max(s_mm[1, lane])
+                lo = _warp_min(of_warp(lambda w: s_mm[0, w], lane, KEY_MAX))
+                hi = _warp_max(of_warp(lambda w: s_mm[1, w], lane, ZERO))
                 kk = k
                 cnt = e
                 done = T.if_then_else(lo == hi, 1, 0)
@@ -1722,7 +1744,7 @@ def topk_kernel_tile(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
                                 s_hist[q * NT + tx] = 0
                         T.sync_threads()
                         # every warp alike: the chunk ch holding the kk-th largest key, r its rank there ...
-                        c = s_tot[lane]
+                        c = of_warp(lambda w: s_tot[w], lane, 0)  # lanes past the warps: empty chunks
                         _warp_incl(c, incl, lane)
                         ch = T.Cast("int32", T.popcount(T.Cast("uint32", T.ballot_sync(incl[0] < kk))))
                         r = kk - T.shfl_sync(incl[0] - c, ch)
@@ -1790,9 +1812,8 @@ def topk_kernel_tile(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
 # for its shuffle and vote) was 2x slower than batching a step's 8; __match_any_sync aggregation 4-36%
 # slower than the shuffle-and-vote one, which in turn lost to plain adds of 1 (see hist_step).
 WARP_ROWS = 4  # 8 rows per CTA measured 1-6% slower
-WARP_ROW_MAX = 4096  # the longest rows _v3_threads gives a warp (at 8192 it was 2-3% slower)
-WARP_DIV = 256  # _v3_threads: a warp per row from n / WARP_DIV rows per SM ...
-WARP_CACHED_DIV = 320  # ... n / WARP_CACHED_DIV for rows that fit the key cache (W_CACHE)
+WARP_ROW_MAX = 1024  # the longest rows _v3_threads gives a warp (beyond, the tile kernel wins at any batch)
+WARP_DIV = 104  # _v3_threads: a warp per row from n / WARP_DIV rows per SM
 W_BITS = 8
 W_NB = 1 << W_BITS
 W_UNROLL = 8  # strips of 32 entries per step: independent loads in flight per lane
@@ -2015,8 +2036,9 @@ def _jit_args(*static, split=1, threads=THREADS, stream=False, tile=False) -> tu
         assert split == 1 and not tile, "a warp per row is never split"
         return "topk_kernel_warp", static[:3] + static[4:-1]
     if static[-1] == "v3" and tile:
-        assert split == 1 and threads == THREADS and not stream, (split, threads, stream)
-        return "topk_kernel_tile", static[:3] + static[4:-1]
+        assert split == 1 and not stream, (split, stream)
+        extra = () if (threads, tile) == (THREADS, UNROLL) else (threads, tile)
+        return "topk_kernel_tile", static[:3] + static[4:-1] + extra
     if static[-1] == "v3":
         if stream:
             extra = (split, threads, True)
@@ -2053,28 +2075,24 @@ def _v3_split(b: int, n: int, cache_cap: int, sms: int) -> int:
 def _v3_threads(b: int, n: int, cache_cap: int, sms: int) -> int:
     """Threads per CTA for v3 (one CTA per row), or 32: one warp per row (`topk_kernel_warp`).
 
-    A warp per row when rows are at most WARP_ROW_MAX entries and there are at least n / 256 of them per SM
-    (b * WARP_DIV >= n * sms; the rule fits every crossover measured at n = 1000 .. 4096; n / 320 for rows of
-    at most W_CACHE entries, see below): a warp then does a row's
-    whole search without a block barrier, and an SM holds up to 24 rows at a time, where a 1024-thread CTA
-    holds one and leaves most of its warps idle on a short row. H200, randn, k = 512, us, warp / the CTA
-    kernel: 4096 x 1000 40.8 / 93.3, 4096 x 2048 85.5 / 115.3, 4096 x 4096 164.1 / 199.5, 4096 x 8192 316.4 /
-    310.4, 1024 x 1000 19.2 / 31.7, 1024 x 2048 36.1 / 37.2, 1024 x 4096 65.3 / 60.3, 528 x 1000 16.9 / 21.4,
-    528 x 2048 30.8 / 24.3 (bf16 4096 x 2048 91.7 / 113.2, torch.topk 134.8; tools/sweep_topk.py --threads
-    32): the warp re-reads the row in every radix pass, so it pays only with enough rows per SM, and never on
-    rows of 16384 (4096 x 16384: 616 / 291); at 8192 entries it never won, 2-3% behind, hence WARP_ROW_MAX =
-    4096. Since rows of at most W_CACHE entries keep their keys in shared memory: 4096 x 1000 37.5, 4096 x
-    2048 69.0 (bf16 75.7), 4096 x 4096 166.5, 1024 x 2048 30.1 (the CTA kernel 36.9: the threshold is now
-    conservative for such rows), 1024 x 4096 68.0 / 57.9. Hence rows of at most W_CACHE entries take the
-    warp from n / 320 rows per SM (WARP_CACHED_DIV; fits every crossover of the sweep at 264 .. 1024 rows,
-    k = 512, us, warp / the CTA kernel: n = 1000: 396 rows 15.6 / 14.1, 528 15.9 / 21.4; n = 2048: 792
-    31.4 / 27.0, 1024 31.3 / 37.1; one miss, n = 1536 at 528 rows 21.5 / 23.0, stays on the CTA kernel).
+    A warp per row when rows are at most WARP_ROW_MAX entries and there are at least n / WARP_DIV of them per
+    SM (b * WARP_DIV >= n * sms): a warp does a row's whole search without a block barrier and an SM holds 24
+    rows at a time, but it re-reads its row (or its key cache) in every radix pass, so it pays only with many
+    rows. Since one-tile rows got `topk_kernel_tile` (256 threads for the short tier), the warp wins only on
+    rows of about 1000 entries and fewer, from about 1300 of them (H200, k = 512 unless said, us, warp /
+    tile256, randn and few: 4096 x 2048 63.8 / 42.0 and 58.4 / 58.0; 4096 x 4096 151 / 74 and 125 / 85;
+    1024 x 2048 30.4 / 14.9; 4096 x 1000 33.7 / 37.1 and 33.9 / 55.1; 1536 x 1000 18.4 / 17.6 and
+    18.1 / 24.2; 1024 x 1000 17.0 / 13.6 and 16.6 / 18.0; 768 x 600 13.7 / 12.0 and 12.7 / 14.5; 1024 x 600
+    14.4 / 13.9 and 12.9 / 17.5; 1024 x 1024 k 256 18.6 / 14.2 and 16.6 / 17.8; tools/ab_topk.py with
+    WARP_ROW_MAX=0): WARP_DIV puts the crossover at 1270 rows of 1000 entries and 760 of 600 on 132 SMs.
+    (Before the tile kernel the warp took rows up to 4096 entries from n / 320 rows per SM: 4096 x 1000 93 ->
+    38 us, 4096 x 2048 115 -> 69 us against v3's CTA.)
     Else SHORT_ROW_THREADS for rows of the short tier (<= 4096 entries) when there are more rows than SMs,
-    else THREADS. Three 256-thread CTAs share an SM (72 registers a thread, 18K of the SM's 64K per CTA).
-    H200, randn, k = 512, us at 1024 / 256 threads (before the branch-free key): 4096 x 2048 355 / 145, 1024 x
-    2048 93 / 44, 264 x 2048 26 / 16; but 4096 x 8192 395 / 398 and 264 x 8192 29 / 31 (longer rows: 1024 is
-    as fast or faster; 512 threads never won)."""
-    if n <= WARP_ROW_MAX and b * (WARP_CACHED_DIV if n <= W_CACHE else WARP_DIV) >= n * sms:
+    else THREADS. Three 256-thread CTAs share an SM. H200, randn, k = 512, us at 1024 / 256 threads (v3,
+    before the tile kernel): 4096 x 2048 355 / 145, 1024 x 2048 93 / 44, 264 x 2048 26 / 16; but 4096 x
+    8192 395 / 398 and 264 x 8192 29 / 31 (longer rows: 1024 is as fast or faster; 512 threads never won).
+    The tile kernel runs on either (see _v3_launch)."""
+    if n <= WARP_ROW_MAX and b * WARP_DIV >= n * sms:
         return 32
     return SHORT_ROW_THREADS if cache_cap == SMALL_CACHE and b > sms else THREADS
 
@@ -2108,8 +2126,10 @@ def _v3_launch(b: int, n: int, sms: int, itemsize: int = 4, l2_bytes: int = 0) -
     if (cap == 0 and split == 1 and launch["threads"] == THREADS
             and l2_bytes > 0 and b * n * itemsize >= STREAM_L2_FRACTION * l2_bytes):
         launch["stream"] = True
-    if TILE_ROWS and split == 1 and launch["threads"] == THREADS and n <= TILE:
-        launch["tile"] = True
+    unroll = _tile_unroll(n, launch["threads"])
+    if (TILE_ROWS and split == 1 and unroll and not launch.get("stream")
+            and (launch["threads"] == THREADS or (TILE_SHORT and launch["threads"] == SHORT_ROW_THREADS))):
+        launch["tile"] = unroll
     return launch
 
 
@@ -2387,7 +2407,7 @@ def convert_kv_index_(index, block_size_c, valid_lens, block_tables):
 QUICK_BUILD = ("topk fp32 uncached v1", "topk fp32 uncached split8", "topk fp32 uncached stream",
                "topk bf16 int64+offset cache4096", "topk_to_slots fp32 cand16 Bc64",
                "topk fp32 cache32768 split2", "topk fp32 cache32768 threads512", "topk warp bf16",
-               "topk tile bf16", "block_max", "restore", "convert")
+               "topk tile bf16", "topk tile256x16", "block_max", "restore", "convert")
 
 
 def build_configs() -> list[tuple]:
@@ -2427,10 +2447,14 @@ def build_configs() -> list[tuple]:
     for name, static in (("topk warp fp32", paths[0][1]), ("topk warp bf16 int64+offset", paths[2][1]),
                          ("topk_to_slots warp fp32 cand16 Bc64", paths[4][1])):
         configs.append((name, topk_kernel_warp, _jit_args(*static, "v3", threads=32)[1]))
-    # rows of one tile on 1024 threads (_v3_launch): plain scores, bf16 with offsets, the fused slots
-    for name, static in (("topk tile fp32", paths[0][1]), ("topk tile bf16 int64+offset", paths[2][1]),
-                         ("topk_to_slots tile fp32 cand16 Bc64", paths[4][1])):
-        configs.append((name, topk_kernel_tile, _jit_args(*static, "v3", tile=True)[1]))
+    # rows of one tile (_v3_launch): plain scores, bf16 with offsets, the fused slots on 1024 threads; the
+    # short tier's rows on 256 threads, 16 keys a thread
+    for name, static, threads, unroll in (
+            ("topk tile fp32", paths[0][1], THREADS, UNROLL),
+            ("topk tile bf16 int64+offset", paths[2][1], THREADS, UNROLL),
+            ("topk_to_slots tile fp32 cand16 Bc64", paths[4][1], THREADS, UNROLL),
+            ("topk tile256x16 bf16 int64+offset", paths[2][1], SHORT_ROW_THREADS, 16)):
+        configs.append((name, topk_kernel_tile, _jit_args(*static, "v3", threads=threads, tile=unroll)[1]))
     configs += [
         ("block_max bs16 fp32", block_max_kernel, (16, "float32")),
         ("block_max bs8 bf16", block_max_kernel, (8, "bfloat16")),
