@@ -1589,18 +1589,18 @@ TILE_SHORT = True  # ... and the rows v3 would run on SHORT_ROW_THREADS (256: up
 # k 512: randn 9.65 -> 9.25, few 9.89 -> 9.63, conc 9.02 -> 8.86, sorted 9.38 -> 9.02, equal the same;
 # 4096 x 8192: randn 176.7 -> 167.1, few 209.2 -> 200.0 (fewer bins to clear and to scan a pass).
 TILE_BITS = 11
+TILE_MAX_UNROLL = 16  # 256 threads x 16 keys: rows of the short tier (SMALL_CACHE) on v3's 256-thread launch
 
 
 def _tile_unroll(n: int, threads: int) -> int:
-    """Keys a thread of the tile kernel for rows of n <= TILE entries on `threads` threads: UNROLL, or the
-    power of two above that covers the row (0: the row is too long for one tile)."""
+    """Keys a thread of the tile kernel for rows of n entries on `threads` threads: UNROLL, or the power of
+    two above that covers the row (0: the row is more than one tile)."""
+    if n > TILE:
+        return 0
     u = UNROLL
-    while threads * u < n <= TILE and u < TILE_MAX_UNROLL:
+    while threads * u < n and u < TILE_MAX_UNROLL:
         u *= 2
     return u if threads * u >= n else 0
-
-
-TILE_MAX_UNROLL = 16  # 256 threads x 16 keys: rows of the short tier (SMALL_CACHE) on v3's 256-thread launch
 
 
 @tilelang.jit(pass_configs={**PASS_CONFIGS, tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
@@ -2026,12 +2026,12 @@ def topk_kernel_warp(in_dtype: str = "float32", idx_dtype: str = "int32", off_dt
     return kernel
 
 
-def _jit_args(*static, split=1, threads=THREADS, stream=False, tile=False) -> tuple:
+def _jit_args(*static, split=1, threads=THREADS, stream=False, tile=0) -> tuple:
     """(factory name, positional arguments) of the top-k kernel for these static arguments (the last one is
     the variant; `split`: v3's CTAs per row, `threads`: v3's threads per CTA, 32 for `topk_kernel_warp`, one
-    warp per row, which takes no cache tier and no split; `stream`: v3's streaming reads; `tile`: rows of
-    at most TILE entries, `topk_kernel_tile`; defaults are left out, so the default launch keeps its cache
-    key)."""
+    warp per row, which takes no cache tier and no split; `stream`: v3's streaming reads; `tile`: keys a
+    thread of `topk_kernel_tile` for rows of one tile, 0 for the others (see _tile_unroll); defaults are
+    left out, so the default launch keeps its cache key)."""
     if static[-1] == "v3" and threads == 32:
         assert split == 1 and not tile, "a warp per row is never split"
         return "topk_kernel_warp", static[:3] + static[4:-1]
@@ -2050,7 +2050,7 @@ def _jit_args(*static, split=1, threads=THREADS, stream=False, tile=False) -> tu
     return "topk_kernel", static
 
 
-def _topk_jit(*static, split=1, threads=THREADS, stream=False, tile=False):
+def _topk_jit(*static, split=1, threads=THREADS, stream=False, tile=0):
     """The compiled top-k kernel (see _jit_args)."""
     name, args = _jit_args(*static, split=split, threads=threads, stream=stream, tile=tile)
     return {"topk_kernel_v3": topk_kernel_v3, "topk_kernel": topk_kernel,
@@ -2127,7 +2127,7 @@ def _v3_launch(b: int, n: int, sms: int, itemsize: int = 4, l2_bytes: int = 0) -
             and l2_bytes > 0 and b * n * itemsize >= STREAM_L2_FRACTION * l2_bytes):
         launch["stream"] = True
     unroll = _tile_unroll(n, launch["threads"])
-    if (TILE_ROWS and split == 1 and unroll and not launch.get("stream")
+    if (TILE_ROWS and split == 1 and unroll  # (streamed rows are uncached: never one tile)
             and (launch["threads"] == THREADS or (TILE_SHORT and launch["threads"] == SHORT_ROW_THREADS))):
         launch["tile"] = unroll
     return launch
