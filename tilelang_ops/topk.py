@@ -2453,7 +2453,7 @@ def build_configs() -> list[tuple]:
             ("topk tile fp32", paths[0][1], THREADS, UNROLL),
             ("topk tile bf16 int64+offset", paths[2][1], THREADS, UNROLL),
             ("topk_to_slots tile fp32 cand16 Bc64", paths[4][1], THREADS, UNROLL),
-            ("topk tile256x16 bf16 int64+offset", paths[2][1], SHORT_ROW_THREADS, 16)):
+            ("topk tile256x16 bf16 int64+offset", paths[2][1], SHORT_ROW_THREADS, TILE_MAX_UNROLL)):
         configs.append((name, topk_kernel_tile, _jit_args(*static, "v3", threads=threads, tile=unroll)[1]))
     configs += [
         ("block_max bs16 fp32", block_max_kernel, (16, "float32")),
