@@ -26,10 +26,19 @@ def compile_for_sm90(factory, *args, **kwargs):
     )
 
 
+def _quiet_worker() -> None:
+    """A compile worker reports through its return value; TileLang's per-compile INFO lines would only
+    interleave with the caller's output."""
+    import logging
+
+    logging.getLogger("tilelang").setLevel(logging.WARNING)
+
+
 def _spawn_pool(workers: int) -> ProcessPoolExecutor:
     """A pool of ``workers`` spawned processes: the caller may already hold a CUDA context, which a forked
     child cannot use."""
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_quiet_worker)
 
 
 def _sm90_job(job):

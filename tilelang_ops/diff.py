@@ -39,14 +39,32 @@ def _rows_for(case_id, comparisons):
     return rows
 
 
-def run_diff(out=sys.stdout) -> int:
+def _quiet_tilelang() -> None:
+    """TileLang logs every compile at INFO level; the tables are the output here."""
+    import logging
+
+    logging.getLogger("tilelang").setLevel(logging.WARNING)
+
+
+def run_diff(out=sys.stdout, ops=None, verbose: bool = False) -> int:
+    """Print one table per operator (``ops``: operator names, default all); returns the exit status."""
+    if not verbose:
+        _quiet_tilelang()
+    modules = DIFF_MODULES
+    if ops:
+        known = {m.rsplit(".", 1)[-1]: m for m in DIFF_MODULES}
+        unknown = [o for o in ops if o not in known]
+        if unknown:
+            print(f"unknown operator(s) {unknown}; known: {sorted(known)}", file=out)
+            return 2
+        modules = tuple(known[o] for o in ops)
     has_cuda = torch.cuda.is_available()
     if not has_cuda:
         print("CUDA is not available on this machine: kernels are not run. Running the reference "
               "self-checks and the sm_90a build check instead.\n", file=out)
     failures = 0
     header = ["case", "output", "max abs err", "mismatch", "first mismatch", "result"]
-    for name in DIFF_MODULES:
+    for name in modules:
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as exc:
