@@ -29,9 +29,9 @@ def compile_for_sm90(factory, *args, **kwargs):
 def _quiet_worker() -> None:
     """A compile worker reports through its return value; TileLang's per-compile INFO lines would only
     interleave with the caller's output."""
-    import logging
+    import tilelang  # its import sets the level to INFO: set ours after it
 
-    logging.getLogger("tilelang").setLevel(logging.WARNING)
+    tilelang.set_log_level("WARNING")
 
 
 def _spawn_pool(workers: int) -> ProcessPoolExecutor:
