@@ -1,4 +1,4 @@
-"""Shared timing harness: CUDA-event medians, the copy roofline, the BENCH line format.
+"""Shared timing harness: CUDA-event medians, the copy roofline, the BENCH line format, the results file.
 
 Every op's benchmark module (benchmarks/bench_<op>.py) exposes ``run(harness) -> None`` and calls
 ``Harness.report`` once per case. Timings are never asserted anywhere.
@@ -6,13 +6,37 @@ Every op's benchmark module (benchmarks/bench_<op>.py) exposes ``run(harness) ->
 
 from __future__ import annotations
 
+import os
+import re
 import statistics
+import subprocess
 import sys
 from dataclasses import dataclass, field
 
 import torch
 
 RESULTS_DIR = "bench_results"
+
+
+def device_slug(name: str) -> str:
+    """``NVIDIA H200`` -> ``h200``: the results file's name for a device."""
+    name = re.sub(r"^nvidia\s+", "", name.strip().lower())
+    return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "gpu"
+
+
+def current_commit() -> str:
+    """The commit being measured: TILELANG_OPS_COMMIT where the tree travels without its .git, else git's
+    HEAD (``+dirty`` with uncommitted changes), else ``unknown``."""
+    if os.environ.get("TILELANG_OPS_COMMIT"):
+        return os.environ["TILELANG_OPS_COMMIT"]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 HOST_HIDE_CYCLES = 1_000_000  # ~0.5 ms of GPU spin before each timed launch (see time_us)
@@ -122,7 +146,26 @@ class Harness:
         print(line)
         sys.stdout.flush()
         self.rows.append(dict(op=op, case=case, us=us, gbps=gbps, roofline=roof, eager_us=eager_us,
-                              compile_us=compile_us, peers=peers or {}, line=line))
+                              compile_us=compile_us, peers=peers or {}, nbytes=nbytes, line=line))
+
+    def records(self, device: str, commit: str, date: str) -> list[dict]:
+        """One JSON-ready record per case: ours, GB/s, roofline fraction, and every peer's us (eager and
+        torch.compile of the reference twin included) with its roofline fraction over the same bytes."""
+        out = []
+        for r in self.rows:
+            peers = dict(r["peers"])
+            if r["eager_us"]:
+                peers["torch_eager"] = r["eager_us"]
+            if r["compile_us"]:
+                peers["torch_compile"] = r["compile_us"]
+            def frac(us, nbytes=r["nbytes"]):
+                return nbytes / (us * 1e-6) / 1e9 / self.copy_gbps if us and self.copy_gbps else None
+            out.append(dict(op=r["op"], case=r["case"], us=round(r["us"], 2), gbps=round(r["gbps"], 1),
+                            roofline=None if r["roofline"] != r["roofline"] else round(r["roofline"], 4),
+                            peers={k: dict(us=round(v, 2), roofline=frac(v) and round(frac(v), 4))
+                                   for k, v in peers.items() if v},
+                            copy_gbps=round(self.copy_gbps, 1), device=device, commit=commit, date=date))
+        return out
 
     def table(self) -> str:
         from tilelang_ops.testing import format_table
