@@ -1,4 +1,4 @@
-# make diff | test | bench | lint. Set-up is automatic: where torch and tilelang already import (the
+# make diff | test | bench | sanitize | lint. Set-up is automatic: where torch and tilelang already import (the
 # GPU machine, which has no network) nothing is installed; elsewhere a virtual environment is made
 # with the CPU build of torch==2.13.0 first, so no CUDA build is ever downloaded.
 PY ?= python3
@@ -14,8 +14,13 @@ endif
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export TILELANG_CACHE_DIR ?= $(CURDIR)/.cache/tilelang
 PYTEST_ARGS ?=
+# On a CUDA machine `make test` first compiles every kernel the GPU tests launch, in parallel processes,
+# then runs pytest in TEST_WORKERS parallel workers (pytest-xdist, where installed).
+TEST_WORKERS ?= auto
+HAVE_CUDA = $(shell $(PYTHON) -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null)
+HAVE_XDIST = $(shell $(PYTHON) -c "import xdist" >/dev/null 2>&1 && echo yes)
 
-.PHONY: test diff bench lint setup clean
+.PHONY: test diff bench sanitize lint setup clean
 setup: $(SETUP)
 
 $(VENV)/.installed: pyproject.toml
@@ -25,13 +30,22 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 test: $(SETUP)
+ifeq ($(HAVE_CUDA),1)
+	$(PYTHON) -m tests.compile_ahead
+	$(PYTHON) -m pytest -q $(if $(HAVE_XDIST),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
+else
 	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+endif
 
 diff: $(SETUP)
-	$(PYTHON) -m tilelang_ops diff
+	$(PYTHON) -m tilelang_ops diff $(DIFF_ARGS)
 
 bench: $(SETUP)
 	$(PYTHON) -m benchmarks $(BENCH_ARGS)
+
+# CUDA only: make diff under compute-sanitizer memcheck, racecheck / synccheck on one small case per kernel
+sanitize: $(SETUP)
+	PYTHON=$(PYTHON) bash tools/sanitize.sh
 
 lint: $(SETUP)
 	$(PYTHON) -m ruff check .
