@@ -27,36 +27,11 @@ def _is_build_check(item) -> bool:
     return item.get_closest_marker("build") is not None or "sm90" in item.name
 
 
-def pytest_addoption(parser):
-    parser.addoption("--shard", default=None, metavar="I/N",
-                     help="run only the I-th of N contiguous slices of the collected tests (0-based), so N "
-                          "processes can share a test file (tools/gpu_tier.sh: their JIT compiles overlap)")
-
-
-def _shard(config, items):
-    spec = config.getoption("--shard")
-    if spec is None:
-        return
-    try:
-        i, n = (int(v) for v in spec.split("/"))
-    except ValueError:
-        raise pytest.UsageError(f"--shard must be I/N with integers, got {spec!r}") from None
-    if not 0 <= i < n:
-        raise pytest.UsageError(f"--shard {spec}: need 0 <= I < N")
-    # contiguous slices: neighbouring tests mostly share kernel configurations, so each configuration
-    # tends to compile in one process only
-    lo, hi = len(items) * i // n, len(items) * (i + 1) // n
-    config.hook.pytest_deselected(items=items[:lo] + items[hi:])
-    items[:] = items[lo:hi]
-
-
 def pytest_collection_modifyitems(config, items):
-    """``--shard I/N`` keeps one slice of the tests. On a CUDA machine the GPU tier JIT-compiles and runs
-    every kernel, which supersedes the sm_90a build check; skip it there (it costs minutes of nvcc)
-    unless TILELANG_OPS_BUILD_CHECK=1."""
+    """On a CUDA machine the GPU tier JIT-compiles and runs every kernel, which supersedes the sm_90a
+    build check; skip it there (it costs minutes of nvcc) unless TILELANG_OPS_BUILD_CHECK=1."""
     import os
 
-    _shard(config, items)
     if not HAS_CUDA or os.environ.get("TILELANG_OPS_BUILD_CHECK") == "1":
         return
     skip = pytest.mark.skip(reason="sm_90a build check superseded by the GPU tier")
