@@ -17,6 +17,16 @@ Conventions this module fixes where the SPEC leaves them open:
 * State slots must be distinct within a batch whenever a ratio >= 2 keeps state (two requests writing
   one ring would race); C1-only batches do not check them.
 * Ratio-``r`` rows per allocator block ``Bc = block_size // r``; ``block_size % r != 0`` is rejected.
+* Context parallelism (``cp_size > 1``, SPEC 6; prefill only): ``mirror_cp_chunks`` cuts each request's
+  chunk into ``2 * cp_size`` pieces and rank ``r`` holds pieces ``r`` and ``2 * cp_size - 1 - r``. The
+  per-token fields (``total_q``, ``max_seqlen_q``, ``positions``, ``req_idx``, ``cu_seqlens_q``,
+  ``block_tables_per_token``, ``slot_mapping_swa``, ``klen``, ``output_idx_offset``) describe the tokens
+  this rank holds, each request's in position order. The per-request fields and the per-ratio row fields
+  (``cu_compressed``, ``num_compressed``, ``num_rows``, ``compressed_positions``,
+  ``slot_mapping_store_ca``) describe the whole batch, equal on every rank to the ``cp_size=1`` values:
+  the compressed KV is built from the all-gathered rows in the batch's order (the C1 bypass returns
+  every row in that order), and every rank holds all of it. ``mirror_cp_reverse_index`` maps the
+  gathered rows back to that order.
 """
 
 from __future__ import annotations
@@ -62,11 +72,12 @@ class InputMetadata:
     total_q: int
     """``sum(seqlen_q)``: query tokens in the step."""
     max_seqlen_q: int
-    """``max(seqlen_q)`` over requests (both modes)."""
+    """``max(seqlen_q)`` over requests (both modes; under context parallelism, of the rank's tokens)."""
     max_seqlen_k: int
     """``max(seqlen_k)`` over requests."""
     positions: torch.Tensor
-    """[total_q] int32: ``positions[i] = seqlen_k - seqlen_q + t`` for token ``t`` of its request."""
+    """[total_q] int32: ``positions[i] = seqlen_k - seqlen_q + t`` for token ``t`` of its request (under
+    context parallelism: the positions this rank holds, ascending within a request)."""
     req_idx: torch.Tensor
     """[total_q] int32: request index of each query token."""
     cu_seqlens_q: torch.Tensor
@@ -97,6 +108,15 @@ class InputMetadata:
     """r -> [num_rows] int32: ``block_table[j // Bc] * Bc + j % Bc`` (``Bc = B // r``); -1 if none."""
     output_idx_offset: dict[str, torch.Tensor] = field(default_factory=dict)
     """r -> [total_q] int32: ``sum(seqlen_k[b'] // r for b' < req_idx[i])`` (prefill gathered-key offset)."""
+    cp_size: int = 1
+    """Context-parallel ranks the batch is split over (1: none)."""
+    cp_rank: int = 0
+    """The rank this metadata describes."""
+    cp_tokens_per_rank: tuple[int, ...] = ()
+    """Tokens each rank holds (rank order; the same on every rank): the all-gather's row counts."""
+    mirror_cp_reverse_index: torch.Tensor | None = None
+    """[sum(seqlen_q)] int32, or None when ``cp_size`` is 1: for each token of the batch in its original
+    order, its row in the all-gathered buffer (rank 0's rows first, each rank's in this builder's order)."""
 
     def to(self, device: torch.device | str) -> InputMetadata:
         """A copy whose tensors (including those inside the per-ratio dicts) live on ``device``."""
@@ -177,10 +197,49 @@ def _check_args(seqs, is_prefill: bool, block_size: int, compress_ratios) -> tup
     return ratios
 
 
+def _check_cp(cp_size, cp_rank, is_prefill: bool) -> tuple[int, int]:
+    cp_size, cp_rank = _as_int("cp_size", cp_size), _as_int("cp_rank", cp_rank)
+    if cp_size < 1:
+        raise ValueError(f"cp_size={cp_size} must be >= 1 (1: no context parallelism)")
+    if not 0 <= cp_rank < cp_size:
+        raise ValueError(f"cp_rank={cp_rank} must be in [0, cp_size={cp_size})")
+    if cp_size > 1 and not is_prefill:
+        raise ValueError(f"cp_size={cp_size} with is_prefill=False: the mirror split cuts prefill chunks "
+                         f"(SPEC 6); build decode metadata with cp_size=1")
+    return cp_size, cp_rank
+
+
+def mirror_cp_chunks(length: int, cp_size: int) -> list[tuple[int, int]]:
+    """The mirror split of ``range(length)``: ``2 * cp_size`` consecutive ``[lo, hi)`` pieces of
+    near-equal length, the first ``length % (2 * cp_size)`` one longer (later pieces may be empty)."""
+    pieces = 2 * cp_size
+    base, longer = divmod(length, pieces)
+    chunks, lo = [], 0
+    for c in range(pieces):
+        hi = lo + base + (1 if c < longer else 0)
+        chunks.append((lo, hi))
+        lo = hi
+    return chunks
+
+
+def mirror_cp_positions(start: int, end: int, cp_size: int, cp_rank: int) -> list[int]:
+    """Positions of the chunk ``[start, end)`` that rank ``cp_rank`` holds: pieces ``cp_rank`` and
+    ``2 * cp_size - 1 - cp_rank`` of ``mirror_cp_chunks``, ascending (all of them when cp_size is 1)."""
+    chunks = mirror_cp_chunks(end - start, cp_size)
+    held: list[int] = []
+    for c in (cp_rank, 2 * cp_size - 1 - cp_rank):
+        lo, hi = chunks[c]
+        held.extend(range(start + lo, start + hi))
+    return held
+
+
 def prepare_tensor_input(seqs: Sequence[SeqMetadata], *, is_prefill: bool, block_size: int = 128,
-                         compress_ratios: Sequence[int] = (2,)) -> InputMetadata:
-    """Build the step's ``InputMetadata`` from per-request ``SeqMetadata`` (see the field docstrings)."""
+                         compress_ratios: Sequence[int] = (2,), cp_size: int = 1,
+                         cp_rank: int = 0) -> InputMetadata:
+    """Build the step's ``InputMetadata`` from per-request ``SeqMetadata`` (see the field docstrings);
+    with ``cp_size > 1``, rank ``cp_rank``'s metadata under the mirror split (module docstring)."""
     ratios = _check_args(seqs, is_prefill, block_size, compress_ratios)
+    cp_size, cp_rank = _check_cp(cp_size, cp_rank, is_prefill)
     B = block_size
     num_reqs = len(seqs)
     max_blocks = max(1, max(len(seq.block_table) for seq in seqs))
@@ -193,16 +252,17 @@ def prepare_tensor_input(seqs: Sequence[SeqMetadata], *, is_prefill: bool, block
     req_idx: list[int] = []
     slot_mapping_swa: list[int] = []
     for b, seq in enumerate(seqs):
-        cu_seqlens_q[b + 1] = cu_seqlens_q[b] + seq.seqlen_q
+        held = mirror_cp_positions(seq.seqlen_k - seq.seqlen_q, seq.seqlen_k, cp_size, cp_rank)
+        cu_seqlens_q[b + 1] = cu_seqlens_q[b] + len(held)
         seqlens_k[b] = seq.seqlen_k
         for i, block in enumerate(seq.block_table):
             block_tables[b][i] = int(block)
-        start = seq.seqlen_k - seq.seqlen_q
-        for p in range(start, seq.seqlen_k):
+        for p in held:
             positions.append(p)
             req_idx.append(b)
             slot_mapping_swa.append(block_tables[b][p // B] * B + p % B)
     total_q = cu_seqlens_q[num_reqs]
+    cp_tokens_per_rank, reverse_index = _mirror_cp_gather_order(seqs, cp_size)
     block_tables_per_token = [block_tables[req_idx[i]] for i in range(total_q)]
 
     if is_prefill:
@@ -218,7 +278,7 @@ def prepare_tensor_input(seqs: Sequence[SeqMetadata], *, is_prefill: bool, block
         compress_ratios=ratios,
         num_reqs=num_reqs,
         total_q=total_q,
-        max_seqlen_q=max(seq.seqlen_q for seq in seqs),
+        max_seqlen_q=max(cu_seqlens_q[b + 1] - cu_seqlens_q[b] for b in range(num_reqs)),
         max_seqlen_k=max(seq.seqlen_k for seq in seqs),
         positions=_i32(positions),
         req_idx=_i32(req_idx),
@@ -229,6 +289,10 @@ def prepare_tensor_input(seqs: Sequence[SeqMetadata], *, is_prefill: bool, block
         block_tables=_i32(block_tables, (num_reqs, max_blocks)),
         block_tables_per_token=_i32(block_tables_per_token, (total_q, max_blocks)),
         slot_mapping_swa=_i32(slot_mapping_swa),
+        cp_size=cp_size,
+        cp_rank=cp_rank,
+        cp_tokens_per_rank=cp_tokens_per_rank,
+        mirror_cp_reverse_index=reverse_index,
     )
 
     for r in ratios:
@@ -281,6 +345,28 @@ def prepare_tensor_input(seqs: Sequence[SeqMetadata], *, is_prefill: bool, block
         meta.slot_mapping_store_ca[key] = _i32(slot_mapping_store_ca)
         meta.output_idx_offset[key] = _i32(output_idx_offset)
     return meta
+
+
+def _mirror_cp_gather_order(seqs, cp_size: int) -> tuple[tuple[int, ...], torch.Tensor | None]:
+    """Tokens per rank, and for each token of the batch in its original order its row in the
+    all-gathered buffer (rank after rank, each rank's tokens in the builder's order); None for cp 1."""
+    if cp_size == 1:
+        return (sum(seq.seqlen_q for seq in seqs),), None
+    first_token = [0] * len(seqs)  # index of each request's first token in the original order
+    for b in range(1, len(seqs)):
+        first_token[b] = first_token[b - 1] + seqs[b - 1].seqlen_q
+    reverse = [-1] * sum(seq.seqlen_q for seq in seqs)
+    tokens_per_rank: list[int] = []
+    row = 0
+    for rank in range(cp_size):
+        rank_first = row
+        for b, seq in enumerate(seqs):
+            start = seq.seqlen_k - seq.seqlen_q
+            for p in mirror_cp_positions(start, seq.seqlen_k, cp_size, rank):
+                reverse[first_token[b] + p - start] = row
+                row += 1
+        tokens_per_rank.append(row - rank_first)
+    return tuple(tokens_per_rank), _i32(reverse)
 
 
 def _store_slot(block_table: list[int], j: int, Bc: int) -> int:

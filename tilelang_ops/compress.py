@@ -28,6 +28,8 @@ from metadata.compress_args import (
     check_prefill_values,
     dispatch_compress,
 )
+from metadata.gather_rows_args import c1_reverse_index
+from tilelang_ops.gather_rows import gather_rows
 
 THREADS = 128
 VEC = 4  # FP32 channels per thread and access: 16 B loads and stores of the inputs and the ring
@@ -392,6 +394,10 @@ def compress(projected_kv, state_cache, metadata, compress_ratio, is_prefill, *,
     """Engine entry point: C1 passes its BF16 input through; C2 compresses (prefill or decode).
 
     ``metadata`` has ``cu_seqlens_q, context_lens, state_block_idx, max_seqlen_q`` and
-    ``cu_compressed[str(r)]`` (an ``InputMetadata``; duck-typed)."""
-    return dispatch_compress(compress_prefill, compress_decode, projected_kv, state_cache, metadata,
-                             compress_ratio, is_prefill, compress_overlap=compress_overlap, use_ape=use_ape)
+    ``cu_compressed[str(r)]`` (an ``InputMetadata``; duck-typed). Under context parallelism (the
+    metadata carries ``mirror_cp_reverse_index``) C1 takes the all-gathered rows and returns them in the
+    batch's order: ``gather_rows(projected_kv, mirror_cp_reverse_index)`` (SPEC 6)."""
+    index = c1_reverse_index(projected_kv, metadata, compress_ratio)
+    kv = dispatch_compress(compress_prefill, compress_decode, projected_kv, state_cache, metadata,
+                           compress_ratio, is_prefill, compress_overlap=compress_overlap, use_ape=use_ape)
+    return kv if index is None else gather_rows(kv, index)
