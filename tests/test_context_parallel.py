@@ -21,12 +21,13 @@ from tilelang_ops.testing import compare_bitwise
 from tilelang_ops.testing.context_parallel import (
     CP_BATCHES,
     CP_SIZES,
-    check_c1_rank,
+    check_c1,
     cp_metadata,
     cp_rows,
     cp_seqs,
     distributed_c1_rank,
     rank_token_index,
+    reverse_index_twin,
     simulate_c1,
 )
 
@@ -159,6 +160,8 @@ def test_rank_metadata_invariants(batch, cp_size):
     assert_equal("tokens over ranks", gathered.sort().values, torch.arange(single.total_q))
     assert_equal("gathered[reverse]", gathered[metas[0].mirror_cp_reverse_index.long()],
                  torch.arange(single.total_q))
+    assert_equal("reverse index vs twin", metas[0].mirror_cp_reverse_index,
+                 reverse_index_twin([q.seqlen_q for q in seqs], cp_size))
 
 
 @pytest.mark.parametrize("kwargs,exc,match", [
@@ -189,16 +192,16 @@ def test_cp_arguments_rejected(kwargs, exc, match):
 def test_c1_simulated_ranks_reference(batch, cp_size):
     x, single, outs = simulate_c1(batch, cp_size, compress_ref)
     assert compress_ref(x, None, single, 1, True) is x  # the single-process run passes C1 through
-    for meta, out in outs:
-        for c in check_c1_rank(out, x, meta, single):
-            c.check()
+    for c in check_c1(x, single, outs):
+        c.check()
 
 
 def test_c1_check_catches_a_wrong_reverse_index():
     """The comparison the distributed test relies on fails when one rank's index is off."""
     x, single, outs = simulate_c1(CP_BATCHES[0], 2, compress_ref, corrupt_rank=1)
-    rows = [check_c1_rank(out, x, meta, single)[0] for meta, out in outs]
-    assert rows[0].passed and not rows[1].passed and rows[1].mismatches > 0
+    rows, meta = check_c1(x, single, outs)
+    assert not rows.passed and meta.passed
+    assert rows.first and all(f.startswith("(1, ") for f in rows.first)  # rank 1's rows only
 
 
 def test_c1_path_rejects():
@@ -254,10 +257,9 @@ def test_c1_simulated_ranks_kernel(batch, cp_size):
     from tilelang_ops.compress import compress
 
     x, single, outs = simulate_c1(batch, cp_size, compress, device="cuda")
-    for meta, out in outs:
-        assert out.is_cuda
-        for c in check_c1_rank(out, x, meta, single):
-            c.check()
+    assert all(out.is_cuda for _, out in outs)
+    for c in check_c1(x, single, outs):
+        c.check()
 
 
 def gpu_compile_jobs(props) -> list[tuple[str, str, tuple]]:

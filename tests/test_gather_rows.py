@@ -7,7 +7,6 @@ Every comparison is bitwise: gather_rows copies rows, so the output is x's bytes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
@@ -20,22 +19,20 @@ from tilelang_ops.gather_rows import (
     BUILD_SHAPES,
     DEFAULT_CONFIG,
     SMALL_CONFIG,
-    GatherRowsConfig,
     gather_rows,
     gather_rows_config,
     rows_per_cta,
 )
 from tilelang_ops.testing import compare_bitwise
+from tilelang_ops.testing.gather_rows import (
+    GatherCase,
+    bit_rows,
+    expected_rows,
+    gather_inputs,
+    sentinel_reads,
+)
 
 H200 = SimpleNamespace(multi_processor_count=132, L2_cache_size=60 << 20)
-SENTINEL_BITS = 0x7FC1  # a NaN payload the inputs never contain: a read outside x shows as this
-
-
-def bit_rows(n: int, d: int, seed: int, device="cpu") -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    bits = torch.randint(-(1 << 15), 1 << 15, (n, d), dtype=torch.int32, generator=g).to(torch.int16)
-    bits[bits == SENTINEL_BITS] = 0
-    return bits.view(torch.bfloat16).to(device)
 
 
 def i32(values) -> torch.Tensor:
@@ -126,41 +123,30 @@ def test_kernels_build_for_sm90():
 # ------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class GpuCase:
-    id: str
-    n: int  # rows of x
-    d: int
-    m: int  # rows gathered
-    pattern: str = "random"  # random | repeat (one row many times) | perm | bad (out-of-range entries)
-    layout: str = "contiguous"  # contiguous | strided (row stride > D, in place) | odd_stride | transposed
-    config: GatherRowsConfig | None = None  # None: the launch rule's choice
-
-
 GPU_CASES = [
-    GpuCase("d512_m1", 10, 512, 1),
-    GpuCase("d512_m3_odd", 7, 512, 3),
-    GpuCase("d512_m0", 7, 512, 0),
-    GpuCase("d512_n0_m0", 0, 512, 0),
-    GpuCase("d512_m1001_odd", 300, 512, 1001),
-    GpuCase("d512_m1001_default_config", 300, 512, 1001, config=DEFAULT_CONFIG),
-    GpuCase("d512_m5000_small_config", 5000, 512, 5000, "perm", config=SMALL_CONFIG),
-    GpuCase("d512_m65537_perm", 65537, 512, 65537, "perm"),
-    GpuCase("d512_m4099_repeat", 3, 512, 4099, "repeat"),
-    GpuCase("d512_m3001_strided", 2000, 512, 3001, layout="strided"),
-    GpuCase("d512_m300_odd_stride", 100, 512, 300, layout="odd_stride"),
-    GpuCase("d512_m40_transposed", 64, 512, 40, layout="transposed"),
-    GpuCase("d512_m3000_bad", 500, 512, 3000, "bad"),
-    GpuCase("d512_m3000_bad_small_config", 500, 512, 3000, "bad", config=SMALL_CONFIG),
-    GpuCase("d8_m5003", 1000, 8, 5003),
-    GpuCase("d8_m77_bad", 10, 8, 77, "bad"),
-    GpuCase("d520_m1001_ragged", 100, 520, 1001),
-    GpuCase("d520_m999_bad_strided", 100, 520, 999, "bad", "strided"),
-    GpuCase("d16384_m37", 20, 16384, 37),
+    GatherCase("d512_m1", 10, 512, 1),
+    GatherCase("d512_m3_odd", 7, 512, 3),
+    GatherCase("d512_m0", 7, 512, 0),
+    GatherCase("d512_n0_m0", 0, 512, 0),
+    GatherCase("d512_m1001_odd", 300, 512, 1001),
+    GatherCase("d512_m1001_default_config", 300, 512, 1001, config=DEFAULT_CONFIG),
+    GatherCase("d512_m5000_small_config", 5000, 512, 5000, "perm", config=SMALL_CONFIG),
+    GatherCase("d512_m65537_perm", 65537, 512, 65537, "perm"),
+    GatherCase("d512_m4099_repeat", 3, 512, 4099, "repeat"),
+    GatherCase("d512_m3001_strided", 2000, 512, 3001, layout="strided"),
+    GatherCase("d512_m300_odd_stride", 100, 512, 300, layout="odd_stride"),
+    GatherCase("d512_m40_transposed", 64, 512, 40, layout="transposed"),
+    GatherCase("d512_m3000_bad", 500, 512, 3000, "bad"),
+    GatherCase("d512_m3000_bad_small_config", 500, 512, 3000, "bad", config=SMALL_CONFIG),
+    GatherCase("d8_m5003", 1000, 8, 5003),
+    GatherCase("d8_m77_bad", 10, 8, 77, "bad"),
+    GatherCase("d520_m1001_ragged", 100, 520, 1001),
+    GatherCase("d520_m999_bad_strided", 100, 520, 999, "bad", "strided"),
+    GatherCase("d16384_m37", 20, 16384, 37),
 ]
 
 
-def _static_key(case: GpuCase, props) -> tuple | None:
+def _static_key(case: GatherCase, props) -> tuple | None:
     """(D, config) of the kernel a case launches, None when it launches nothing."""
     if case.m == 0 or case.n == 0:
         return None
@@ -180,61 +166,17 @@ def test_gpu_compile_jobs_cover_the_cases():
     assert len(jobs) <= 6  # specializations stay few: cases share (D, config)
 
 
-BAD_ENTRIES = (-1, -2, -(1 << 31), (1 << 31) - 1, 1 << 20)  # plus n and n + 1 (just past the end)
-
-
-def gpu_inputs(case: GpuCase, device):
-    """(x, index, sentinel-framed storage or None, bad-entry mask) of a case; x's rows sit between
-    rows of SENTINEL_BITS so a read just outside x is visible in the output."""
-    g = torch.Generator().manual_seed(case.n * 7 + case.m)
-    d = case.d
-    width = {"strided": d + 64, "odd_stride": d + 4}.get(case.layout, d)
-    frame = bit_rows(case.n + 2, width, seed=case.m + d)
-    frame.view(torch.int16)[0] = SENTINEL_BITS
-    frame.view(torch.int16)[-1] = SENTINEL_BITS
-    if width > d:
-        frame.view(torch.int16)[:, d:] = SENTINEL_BITS
-    frame = frame.to(device)
-    x = frame[1:-1, :d]
-    if case.layout == "transposed":
-        x = x.t().contiguous().t()  # inner stride != 1: the wrapper copies
-    n = case.n
-    if case.pattern == "repeat":
-        index = torch.full((case.m,), n // 2, dtype=torch.int32)
-    elif case.pattern == "perm":
-        index = torch.randperm(n, generator=g)[: case.m].int()
-    else:
-        index = torch.randint(0, max(1, n), (case.m,), generator=g, dtype=torch.int32)
-    bad = torch.zeros(case.m, dtype=torch.bool)
-    if case.pattern == "bad":
-        entries = torch.tensor(BAD_ENTRIES + (n, n + 1), dtype=torch.int32)
-        pick = torch.randperm(case.m, generator=g)[: case.m // 5]
-        index[pick] = entries[torch.arange(pick.numel()) % entries.numel()]
-        bad[pick] = True
-    return x, index.to(device), bad
-
-
-def expected(x, index, bad):
-    """Good rows from the loop reference (the twin for big cases: tested equal to it above), bad rows zero."""
-    ref = gather_rows_ref if index.numel() <= 5000 else gather_rows_torch
-    good = torch.where(bad.to(index.device), 0, index)
-    want = ref(x, good)
-    want[bad.to(want.device)] = 0
-    return want
-
-
 @requires_cuda
 @pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
 def test_kernel_matches_reference(case, monkeypatch):
     monkeypatch.delenv(DEBUG_ENV, raising=False)  # bad indices: zero rows, no error
-    x, index, bad = gpu_inputs(case, "cuda")
+    x, index, bad = gather_inputs(case, "cuda")
     out = gather_rows(x, index, config=case.config)
     torch.cuda.synchronize()
-    want = expected(x, index, bad)
     # a copy: bitwise; bad entries (never read) give zero rows, so a sentinel in the output would be a
     # read outside x
-    compare_bitwise("out", out, want).check()
-    assert not (out.view(torch.int16) == SENTINEL_BITS).any()
+    compare_bitwise("out", out, expected_rows(x, index, bad)).check()
+    assert sentinel_reads(out) == 0
 
 
 @requires_cuda

@@ -27,6 +27,7 @@ DIFF_MODULES = (
     "tilelang_ops.diffcases.kv_store",
     "tilelang_ops.diffcases.compress_store",
     "tilelang_ops.diffcases.topk",
+    "tilelang_ops.diffcases.gather_rows",
 )
 
 

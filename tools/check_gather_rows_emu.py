@@ -13,7 +13,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TILELANG_CACHE_DIR", "/tmp/tlcache")
 import torch  # noqa: E402
 
-from reference.gather_rows import gather_rows_ref  # noqa: E402
 from tilelang_ops.build import compile_for_sm90  # noqa: E402
 from tilelang_ops.gather_rows import (  # noqa: E402
     DEFAULT_CONFIG,
@@ -23,18 +22,17 @@ from tilelang_ops.gather_rows import (  # noqa: E402
     gather_rows_kernel,
     rows_per_cta,
 )
+from tilelang_ops.testing.gather_rows import GatherCase, expected_rows, gather_inputs  # noqa: E402
 from tools.cuda_emu import Emu  # noqa: E402
 
-SENTINEL = 0x7FC1
-# (name, N, D, M, config, pattern, row stride)
 CASES = [
-    ("d512_m37_default", 50, 512, 37, DEFAULT_CONFIG, "random", 512),
-    ("d512_m37_small", 50, 512, 37, SMALL_CONFIG, "random", 512),
-    ("d512_m21_repeat", 3, 512, 21, DEFAULT_CONFIG, "repeat", 512),
-    ("d512_m40_bad_strided", 30, 512, 40, DEFAULT_CONFIG, "bad", 576),
-    ("d520_m33_ragged_bad", 20, 520, 33, DEFAULT_CONFIG, "bad", 520),
-    ("d8_m1500_bad", 9, 8, 1500, DEFAULT_CONFIG, "bad", 8),
-    ("d16384_m3", 4, 16384, 3, DEFAULT_CONFIG, "random", 16384 + 8),
+    GatherCase("d512_m37_default", 50, 512, 37, config=DEFAULT_CONFIG),
+    GatherCase("d512_m37_small", 50, 512, 37, config=SMALL_CONFIG),
+    GatherCase("d512_m21_repeat", 3, 512, 21, "repeat", config=DEFAULT_CONFIG),
+    GatherCase("d512_m40_bad_strided", 30, 512, 40, "bad", "strided", config=DEFAULT_CONFIG),
+    GatherCase("d520_m33_ragged_bad", 20, 520, 33, "bad", config=DEFAULT_CONFIG),
+    GatherCase("d8_m1500_bad", 9, 8, 1500, "bad", config=DEFAULT_CONFIG),
+    GatherCase("d16384_m3_strided", 4, 16384, 3, layout="strided", config=DEFAULT_CONFIG),
 ]
 MUTATIONS = {"upper_bound": ("< num_src", "<= num_src"), "lower_bound": ("0 <= src", "-1 <= src")}
 
@@ -47,25 +45,6 @@ def source(d, config):
         _sources[key] = compile_for_sm90(gather_rows_kernel, d, config.threads,
                                          config.vectors_per_thread).get_kernel_source()
     return _sources[key]
-
-
-def inputs(n, d, m, pattern, stride, seed):
-    g = torch.Generator().manual_seed(seed)
-    frame = torch.randint(-(1 << 15), 1 << 15, (n + 2, stride), generator=g, dtype=torch.int32)
-    frame = frame.to(torch.int16)
-    frame[frame == SENTINEL] = 0
-    frame[0], frame[-1], frame[:, d:] = SENTINEL, SENTINEL, SENTINEL
-    x = frame.view(torch.bfloat16)[1:-1, :d]
-    index = torch.randint(0, n, (m,), generator=g, dtype=torch.int32)
-    bad = torch.zeros(m, dtype=torch.bool)
-    if pattern == "repeat":
-        index[:] = n - 1
-    elif pattern == "bad":
-        entries = torch.tensor([-1, n, n + 1, -(1 << 31), (1 << 31) - 1], dtype=torch.int32)
-        pick = torch.randperm(m, generator=g)[: max(1, m // 4)]
-        index[pick] = entries[torch.arange(pick.numel()) % entries.numel()]
-        bad[pick] = True
-    return x, index, bad
 
 
 def run(src, x, index, config, order):
@@ -81,29 +60,27 @@ def run(src, x, index, config, order):
     return out
 
 
-def mismatches(src, name, n, d, m, config, pattern, stride, order):
-    x, index, bad = inputs(n, d, m, pattern, stride, seed=n + m)
-    got = run(src, x, index, config, order)
-    want = gather_rows_ref(x, torch.where(bad, 0, index))
-    want[bad] = 0
-    return int((got.view(torch.int16) != want.view(torch.int16)).sum())
+def mismatches(src, case, order):
+    x, index, bad = gather_inputs(case)
+    got = run(src, x, index, case.config, order)
+    return int((got.view(torch.int16) != expected_rows(x, index, bad).view(torch.int16)).sum())
 
 
 if __name__ == "__main__":
     total = 0
     if "--mutate" in sys.argv:
-        name, n, d, m, config, pattern, stride = CASES[3]
+        case = CASES[3]
         for mut, (a, b) in MUTATIONS.items():
-            src = source(d, config)
+            src = source(case.d, case.config)
             assert a in src, a
-            bad = mismatches(src.replace(a, b), name, n, d, m, config, pattern, stride, "forward")
+            bad = mismatches(src.replace(a, b), case, "forward")
             print(f"mutation {mut}: {bad} mismatches ({'caught' if bad else 'MISSED'})")
             total += bad == 0
         sys.exit(1 if total else 0)
-    for name, n, d, m, config, pattern, stride in CASES:
+    for case in CASES:
         for order in ("forward", "reverse"):
-            bad = mismatches(source(d, config), name, n, d, m, config, pattern, stride, order)
+            bad = mismatches(source(case.d, case.config), case, order)
             total += bad
-            print(f"{name} {order}: {bad} mismatches", flush=True)
+            print(f"{case.id} {order}: {bad} mismatches", flush=True)
     print("MISMATCHES:", total)
     sys.exit(1 if total else 0)

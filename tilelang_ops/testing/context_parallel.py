@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from metadata import InputMetadata, SeqMetadata, prepare_tensor_input
+from metadata.prepare_tensor_input import mirror_cp_chunks
 from tilelang_ops.testing import Comparison, compare_bitwise
 
 CP_SIZES = (2, 4)
@@ -102,21 +103,39 @@ def simulate_c1(batch: CPBatch, cp_size: int, compress_fn, device="cpu", corrupt
     return x, single, outs
 
 
+def reverse_index_twin(lengths, cp_size: int) -> torch.Tensor:
+    """Vectorized twin of ``mirror_cp_reverse_index`` for chunks of ``lengths`` tokens (one arange per
+    piece instead of a loop per token; big batches for the benchmark)."""
+    first = [0]
+    for n in lengths:
+        first.append(first[-1] + n)
+    pieces = [mirror_cp_chunks(n, cp_size) for n in lengths]
+    order = [torch.arange(first[b] + lo, first[b] + hi)
+             for rank in range(cp_size) for b in range(len(lengths))
+             for lo, hi in (pieces[b][rank], pieces[b][2 * cp_size - 1 - rank])]
+    gathered = torch.cat(order)  # original token of each gathered row
+    reverse = torch.empty(first[-1], dtype=torch.int32)
+    reverse[gathered] = torch.arange(first[-1], dtype=torch.int32)
+    return reverse
+
+
 def _swap_two(index: torch.Tensor) -> torch.Tensor:
     index = index.clone()
     index[[0, -1]] = index[[-1, 0]]
     return index
 
 
-def check_c1_rank(out: torch.Tensor, x: torch.Tensor, meta: InputMetadata,
-                  single: InputMetadata) -> list[Comparison]:
-    """One rank's C1 output against the single-process rows (bitwise: a copy), and its C1 row
-    metadata (the rows the store writes) against the single-process metadata (bitwise: indices)."""
-    comps = [compare_bitwise(f"rank {meta.cp_rank} c1 rows", out.cpu(), x.cpu())]
-    for name in C1_ROW_FIELDS:
-        comps.append(compare_bitwise(f"rank {meta.cp_rank} {name}[1]", getattr(meta, name)["1"].cpu(),
-                                     getattr(single, name)["1"].cpu()))
-    return comps
+def check_c1(x: torch.Tensor, single: InputMetadata, outs) -> list[Comparison]:
+    """The C1 outputs of ranks ``outs`` ((metadata, output) each) against the single-process rows
+    (bitwise: a copy), and their C1 row metadata (``C1_ROW_FIELDS`` concatenated: the rows the store
+    writes) against the single-process metadata (bitwise: indices). Coordinates start with the rank's
+    place in ``outs``."""
+    ranks = ",".join(str(meta.cp_rank) for meta, _ in outs)
+    got = torch.stack([out.cpu() for _, out in outs])
+    rows = compare_bitwise(f"c1 rows, ranks {ranks}", got, x.cpu().expand_as(got))
+    got = torch.stack([torch.cat([getattr(meta, f)["1"].cpu() for f in C1_ROW_FIELDS]) for meta, _ in outs])
+    want = torch.cat([getattr(single, f)["1"] for f in C1_ROW_FIELDS])
+    return [rows, compare_bitwise(f"c1 row metadata, ranks {ranks}", got, want.expand_as(got))]
 
 
 def all_gather_rows(mine: torch.Tensor, counts) -> torch.Tensor:
@@ -159,7 +178,7 @@ def distributed_c1_rank(rank: int, world_size: int, init_method: str, backend: s
             mine = x[rank_token_index(seqs, meta)].to(device)
             gathered = all_gather_rows(mine, meta.cp_tokens_per_rank)
             out = compress_fn(gathered, None, meta.to(device), 1, True)
-            comps = check_c1_rank(out, x, meta, single)
+            comps = check_c1(x, single, [(meta, out)])
             index = meta.mirror_cp_reverse_index.to(device)
             indices = [torch.empty_like(index) for _ in range(world_size)]
             dist.all_gather(indices, index)
