@@ -118,7 +118,8 @@ def _flat_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     n, d = x.shape
     stride = x.stride(0) if n > 1 else d
     if x.stride(1) != 1 or stride % VEC or stride < d or x.data_ptr() % 16:
-        x, stride = x.contiguous(), d
+        # a fresh allocation (aligned), also when x is contiguous but starts off a 16-byte boundary
+        x, stride = x.clone(memory_format=torch.contiguous_format), d
     return x.as_strided(((n - 1) * stride + d,), (1,)), stride
 
 
