@@ -126,6 +126,15 @@ def test_launch_rule():
     assert gather_rows_config(1 << 20, 16384, SimpleNamespace(multi_processor_count=8)) == DEFAULT_CONFIG
 
 
+@pytest.mark.parametrize("kwargs", [dict(threads=48), dict(threads=2048), dict(vectors_per_thread=0),
+                                    dict(vectors_per_thread=2.0)], ids=str)
+def test_config_rejects(kwargs):
+    from tilelang_ops.gather_rows import GatherRowsConfig
+
+    with pytest.raises(ValueError, match=f"GatherRowsConfig.{next(iter(kwargs))}="):
+        GatherRowsConfig(**kwargs)
+
+
 @pytest.mark.build
 def test_kernels_build_for_sm90():
     from tilelang_ops.build import compile_for_sm90

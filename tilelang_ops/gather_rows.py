@@ -30,7 +30,16 @@ class GatherRowsConfig:
     vectors_per_thread: int = 4
     """16-byte vectors each thread loads before it stores (loads in flight per thread)."""
 
+    def __post_init__(self):
+        if not (isinstance(self.threads, int) and 32 <= self.threads <= 1024 and self.threads % 32 == 0):
+            raise ValueError(f"GatherRowsConfig.threads={self.threads!r} must be a multiple of 32 in "
+                             f"[32, 1024]")
+        if not (isinstance(self.vectors_per_thread, int) and 1 <= self.vectors_per_thread <= 16):
+            raise ValueError(f"GatherRowsConfig.vectors_per_thread={self.vectors_per_thread!r} must be an "
+                             f"int in [1, 16]")
 
+
+INT32_MAX = 2**31 - 1
 DEFAULT_CONFIG = GatherRowsConfig()
 # a grid of fewer CTAs than SMs leaves SMs idle: small gathers spread one vector per thread
 SMALL_CONFIG = GatherRowsConfig(vectors_per_thread=1)
@@ -140,8 +149,11 @@ def gather_rows(x, index, *, config: GatherRowsConfig | None = None):
     out = torch.empty(m, d, dtype=torch.bfloat16, device=x.device)
     if config is None:
         config = gather_rows_config(m, d, torch.cuda.get_device_properties(x.device))
+    elif not isinstance(config, GatherRowsConfig):
+        raise TypeError(f"config must be a GatherRowsConfig, got {type(config).__name__}")
     flat, stride = _flat_rows(x)
-    get_kernel(d, config)(flat, index.contiguous(), out, n, stride // VEC)
+    # an int32 index never reaches row 2^31 - 1 or beyond, so N saturates there
+    get_kernel(d, config)(flat, index.contiguous(), out, min(n, INT32_MAX), stride // VEC)
     return out
 
 
