@@ -6,6 +6,7 @@ before anything is written. Messages show the offending values.
 
 from __future__ import annotations
 
+import operator
 import os
 
 import torch
@@ -18,6 +19,50 @@ DEBUG_ENV = "TILELANG_OPS_DEBUG"
 
 def debug_checks_enabled() -> bool:
     return os.environ.get(DEBUG_ENV, "0") not in ("", "0", "false", "False")
+
+
+def check_int(name: str, value, *, lo: int | None = None, hi: int | None = None) -> int:
+    """``value`` as a Python int, else TypeError; outside ``[lo, hi]`` (bounds given), ValueError.
+
+    Integer scalars that define ``__index__`` (numpy ints) are accepted; bools and tensors are not (a
+    host check never reads a device value).
+    """
+    if isinstance(value, bool) or isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    if lo is not None and hi is not None and not lo <= v <= hi:
+        raise ValueError(f"{name}={v} is outside [{lo}, {hi}]")
+    if lo is not None and v < lo:
+        raise ValueError(f"{name}={v} must be >= {lo}")
+    if hi is not None and v > hi:
+        raise ValueError(f"{name}={v} must be <= {hi}")
+    return v
+
+
+def check_int_sequence(name: str, values) -> list[int]:
+    """A sequence (list, tuple, range, 1-D tensor on the CPU) of ints, as a list; messages name the entry."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__} {values!r}")
+    if isinstance(values, torch.Tensor):
+        if values.dim() != 1 or values.is_floating_point() or values.dtype == torch.bool \
+                or values.device.type != "cpu":
+            raise TypeError(f"{name} must be a sequence of ints, got a {values.dtype} tensor of shape "
+                            f"{tuple(values.shape)} on {values.device}")
+        return values.tolist()
+    return [check_int(f"{name}[{i}]", v) for i, v in enumerate(values)]
+
+
+def check_choice(name: str, value, choices) -> None:
+    """``value`` must be one of ``choices`` (a ValueError listing them)."""
+    try:
+        known = value in choices
+    except TypeError:  # an unhashable value is in no table
+        known = False
+    if not known:
+        raise ValueError(f"{name}={value!r} is not one of {list(choices)}")
 
 
 def check_tensor(name: str, t, *, dtype=None, ndim: int | None = None, shape=None,

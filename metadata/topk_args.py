@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from metadata.checks import check_same_device, check_tensor
+from metadata.checks import check_int, check_same_device, check_tensor
 
 SCORE_DTYPES = (torch.float32, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -19,11 +19,7 @@ MAX_K = 4096  # the kernels hold at most this many selected lanes per row
 
 
 def _check_int(name: str, v, lo: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if v < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {v}")
-    return v
+    return check_int(name, v, lo=lo)
 
 
 def check_scores(scores) -> tuple[int, int]:
@@ -165,3 +161,43 @@ def check_topk_to_slots_args(scores, k, end, candidate_blocks, candidate_block_s
         raise ValueError(f"block_tables must have {b} rows like scores, got {tuple(block_tables.shape)}")
     check_same_device(scores=scores, block_tables=block_tables)
     return b, n
+
+
+def check_topk_to_slots_values(scores, k, end, candidate_blocks, candidate_block_size, block_size_c,
+                               block_tables) -> None:
+    """Value check of `topk_to_slots` (device sync), in the caller's arguments: ``end`` in ``[0, n]``,
+    and every row a lane may select (a valid compact row, through its candidate block when there are
+    candidates; -1 candidate blocks are padding) lies in an allocated block of ``block_tables``."""
+    b, n = scores.shape
+    check_end_values(end, n)
+    ends = torch.full((b,), n, dtype=torch.int64, device=scores.device) if end is None else end.long()
+    col = torch.arange(n, device=scores.device)
+    valid = col[None, :] < ends[:, None]  # [b, n] rows top-k may select
+    if candidate_blocks is None:
+        logical = col[None, :].expand(b, n)
+    else:
+        blk = candidate_blocks.long()[:, col // candidate_block_size]
+        valid = valid & (blk >= 0)
+        logical = blk * candidate_block_size + col % candidate_block_size
+    def limit(r):
+        return f"end[{r}]={int(ends[r])}" if end is not None else f"the row length n={n} (end=None)"
+
+    max_blocks = block_tables.shape[1]
+    tb = torch.div(logical, block_size_c, rounding_mode="floor")
+    short = valid & (tb >= max_blocks)
+    if bool(short.any()):
+        r, i = short.nonzero()[0].tolist()
+        via = ""
+        if candidate_blocks is not None:
+            c = i // candidate_block_size
+            via = (f" (candidate_blocks[{r}, {c}]={int(candidate_blocks[r, c])} x "
+                   f"candidate_block_size={candidate_block_size})")
+        raise ValueError(f"block_tables has {max_blocks} blocks of block_size_c={block_size_c} rows each, "
+                         f"too short for row {int(logical[r, i])}{via} in block {int(tb[r, i])}, which top-k "
+                         f"may select under {limit(r)}")
+    entry = block_tables.long().gather(1, tb.clamp(0, max(max_blocks - 1, 0))) if max_blocks else tb
+    unallocated = valid & (entry < 0)
+    if bool(unallocated.any()):
+        r, i = unallocated.nonzero()[0].tolist()
+        raise ValueError(f"block_tables[{r}, {int(tb[r, i])}]={int(entry[r, i])} is not an allocated block, "
+                         f"but top-k may select its row {int(logical[r, i])} under {limit(r)}")
