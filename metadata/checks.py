@@ -21,6 +21,14 @@ def debug_checks_enabled() -> bool:
     return os.environ.get(DEBUG_ENV, "0") not in ("", "0", "false", "False")
 
 
+def describe(value) -> str:
+    """What a message shows of a value the caller passed: its type and a short repr."""
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 80 else text[:77] + '...'}"
+
+
 def check_int(name: str, value, *, lo: int | None = None, hi: int | None = None) -> int:
     """``value`` as a Python int, else TypeError; outside ``[lo, hi]`` (bounds given), ValueError.
 
@@ -28,11 +36,11 @@ def check_int(name: str, value, *, lo: int | None = None, hi: int | None = None)
     host check never reads a device value).
     """
     if isinstance(value, bool) or isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        raise TypeError(f"{name} must be an int, got {describe(value)}")
     try:
         v = operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+        raise TypeError(f"{name} must be an int, got {describe(value)}") from None
     if lo is not None and hi is not None and not lo <= v <= hi:
         raise ValueError(f"{name}={v} is outside [{lo}, {hi}]")
     if lo is not None and v < lo:
@@ -45,7 +53,7 @@ def check_int(name: str, value, *, lo: int | None = None, hi: int | None = None)
 def check_int_sequence(name: str, values) -> list[int]:
     """A sequence (list, tuple, range, 1-D tensor on the CPU) of ints, as a list; messages name the entry."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or not hasattr(values, "__iter__"):
-        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__} {values!r}")
+        raise TypeError(f"{name} must be a sequence of ints, got {describe(values)}")
     if isinstance(values, torch.Tensor):
         if values.dim() != 1 or values.is_floating_point() or values.dtype == torch.bool \
                 or values.device.type != "cpu":
@@ -72,7 +80,7 @@ def check_tensor(name: str, t, *, dtype=None, ndim: int | None = None, shape=Non
     ``dtype`` may be one dtype or a tuple; ``shape`` may hold None for free dimensions.
     """
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {describe(t)}")
     if dtype is not None:
         allowed = dtype if isinstance(dtype, tuple) else (dtype,)
         if t.dtype not in allowed:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from metadata.cache_engine import check_compress_ratio, check_ring_capacity, check_state_ratio
-from metadata.checks import check_int, check_same_device, check_tensor
+from metadata.checks import check_int, check_same_device, check_tensor, describe
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,13 @@ def _check_common(projected_kv, state_cache, compress_ratio):
     return num_tokens, dim, num_slots, ring
 
 
+def _check_count(name: str, t, n: int, source: str) -> None:
+    """A 1-D int32 tensor of ``n`` entries, ``n`` being what ``source`` implies (the message names both)."""
+    check_tensor(name, t, dtype=torch.int32, ndim=1)
+    if t.shape[0] != n:
+        raise ValueError(f"{name} has {t.shape[0]} entries but {source} needs {n}")
+
+
 def check_prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
                        cu_compressed, compress_ratio, num_rows=None) -> CompressDims:
     """Host checks of ``compress_prefill``; returns the dimensions."""
@@ -48,9 +55,10 @@ def check_prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, st
     num_reqs = cu_seqlens_q.shape[0] - 1
     if num_reqs < 0:
         raise ValueError("cu_seqlens_q must hold num_reqs + 1 >= 1 offsets, got an empty tensor")
-    check_tensor("context_lens", context_lens, dtype=torch.int32, shape=(num_reqs,))
-    check_tensor("state_block_idx", state_block_idx, dtype=torch.int32, shape=(num_reqs,))
-    check_tensor("cu_compressed", cu_compressed, dtype=torch.int32, shape=(num_reqs + 1,))
+    source = f"cu_seqlens_q of shape {tuple(cu_seqlens_q.shape)} (num_reqs={num_reqs})"
+    _check_count("context_lens", context_lens, num_reqs, source)
+    _check_count("state_block_idx", state_block_idx, num_reqs, source)
+    _check_count("cu_compressed", cu_compressed, num_reqs + 1, source)
     check_same_device(projected_kv=projected_kv, state_cache=state_cache, cu_seqlens_q=cu_seqlens_q,
                       context_lens=context_lens, state_block_idx=state_block_idx,
                       cu_compressed=cu_compressed)
@@ -69,8 +77,9 @@ def check_decode_args(projected_kv, state_cache, context_lens, state_block_idx, 
                       compress_ratio) -> CompressDims:
     """Host checks of ``compress_decode`` (incl. the capacity rule); returns the dimensions."""
     num_tokens, dim, num_slots, ring = _check_common(projected_kv, state_cache, compress_ratio)
-    check_tensor("context_lens", context_lens, dtype=torch.int32, shape=(num_tokens,))
-    check_tensor("state_block_idx", state_block_idx, dtype=torch.int32, shape=(num_tokens,))
+    source = f"projected_kv of shape {tuple(projected_kv.shape)} (one entry per query token)"
+    _check_count("context_lens", context_lens, num_tokens, source)
+    _check_count("state_block_idx", state_block_idx, num_tokens, source)
     check_same_device(projected_kv=projected_kv, state_cache=state_cache, context_lens=context_lens,
                       state_block_idx=state_block_idx)
     check_int("max_seqlen_q", max_seqlen_q, lo=1)
@@ -182,7 +191,7 @@ def dispatch_compress(prefill_fn, decode_fn, projected_kv, state_cache, metadata
     """
     check_compress_ratio(compress_ratio, compress_overlap=compress_overlap, use_ape=use_ape)
     if not isinstance(is_prefill, bool):
-        raise TypeError(f"is_prefill must be a bool, got {type(is_prefill).__name__} {is_prefill!r}")
+        raise TypeError(f"is_prefill must be a bool, got {describe(is_prefill)}")
     if compress_ratio == 1:
         check_tensor("projected_kv", projected_kv, dtype=torch.bfloat16, ndim=2)
         return projected_kv

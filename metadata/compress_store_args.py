@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from metadata.cache_format import BF16_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT, KVCacheFormat
-from metadata.checks import check_int, check_tensor
+from metadata.checks import check_int, check_tensor, describe
 from metadata.compress_args import (
     CompressDims,
     check_decode_args,
@@ -43,7 +43,7 @@ class CompressStoreDims:
 
 def check_main_format(fmt, dim: int) -> None:
     if not isinstance(fmt, KVCacheFormat):
-        raise TypeError(f"fmt must be a KVCacheFormat, got {type(fmt).__name__}")
+        raise TypeError(f"fmt must be a KVCacheFormat, got {describe(fmt)}")
     if fmt not in MAIN_BRANCH_FORMATS:
         names = ", ".join(f.name for f in MAIN_BRANCH_FORMATS)
         raise ValueError(f"compress_store writes main-branch rows: fmt must be one of {names}, got "

@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 
 from metadata.cache_engine import check_compress_ratio
-from metadata.checks import check_int
+from metadata.checks import check_int, describe
 
 INT32_MAX = 2**31 - 1
 
@@ -118,13 +118,12 @@ def _as_int(name: str, value) -> int:
 def _check_args(seqs, is_prefill: bool, block_size: int, compress_ratios) -> tuple[int, ...]:
     """Validate everything before building; returns the ratios as a tuple of ints."""
     if not isinstance(is_prefill, bool):
-        raise TypeError(f"is_prefill must be a bool, got {type(is_prefill).__name__}")
+        raise TypeError(f"is_prefill must be a bool, got {describe(is_prefill)}")
     block_size = _as_int("block_size", block_size)
     if block_size <= 0:
         raise ValueError(f"block_size={block_size} must be positive")
     if isinstance(compress_ratios, (str, bytes)) or not hasattr(compress_ratios, "__iter__"):
-        raise TypeError(f"compress_ratios must be a sequence of ints, got {type(compress_ratios).__name__} "
-                        f"{compress_ratios!r}")
+        raise TypeError(f"compress_ratios must be a sequence of ints, got {describe(compress_ratios)}")
     ratios = tuple(_as_int("compress_ratios entry", r) for r in compress_ratios)
     for r in ratios:
         check_compress_ratio(r)
@@ -133,7 +132,7 @@ def _check_args(seqs, is_prefill: bool, block_size: int, compress_ratios) -> tup
     if len(set(ratios)) != len(ratios):
         raise ValueError(f"compress_ratios={ratios} has duplicates")
     if isinstance(seqs, (str, bytes)) or not hasattr(seqs, "__len__") or not hasattr(seqs, "__getitem__"):
-        raise TypeError(f"seqs must be a sequence of SeqMetadata, got {type(seqs).__name__}")
+        raise TypeError(f"seqs must be a sequence of SeqMetadata, got {describe(seqs)}")
     if len(seqs) == 0:
         raise ValueError("seqs is empty: a step needs at least one request")
 
@@ -141,13 +140,13 @@ def _check_args(seqs, is_prefill: bool, block_size: int, compress_ratios) -> tup
     slot_owner: dict[int, int] = {}
     for b, seq in enumerate(seqs):
         if not isinstance(seq, SeqMetadata):
-            raise TypeError(f"seqs[{b}] must be a SeqMetadata, got {type(seq).__name__}")
+            raise TypeError(f"seqs[{b}] must be a SeqMetadata, got {describe(seq)}")
         q = _as_int(f"seqs[{b}].seqlen_q", seq.seqlen_q)
         k = _as_int(f"seqs[{b}].seqlen_k", seq.seqlen_k)
         slot = _as_int(f"seqs[{b}].state_slot", seq.state_slot)
         if isinstance(seq.block_table, (str, bytes)) or not hasattr(seq.block_table, "__iter__"):
             raise TypeError(f"seqs[{b}].block_table must be a sequence of ints, got "
-                            f"{type(seq.block_table).__name__} {seq.block_table!r}")
+                            f"{describe(seq.block_table)}")
         table = [_as_int(f"seqs[{b}].block_table[{i}]", x) for i, x in enumerate(seq.block_table)]
         if q < 0 or k < 0 or slot < 0:
             raise ValueError(

@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from metadata.checks import check_int, check_same_device, check_tensor
+from metadata.checks import check_int, check_same_device, check_tensor, describe
 
 SCORE_DTYPES = (torch.float32, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 MAX_K = 4096  # the kernels hold at most this many selected lanes per row
-
-
-def _check_int(name: str, v, lo: int = 1) -> int:
-    return check_int(name, v, lo=lo)
 
 
 def check_scores(scores) -> tuple[int, int]:
@@ -43,7 +39,7 @@ def check_topk_args(scores, k, end, *, sorted=False, sorted_index=False, indices
                     output_idx_offset=None, return_value=True) -> tuple[int, int]:
     """All shape/dtype/device rules of `topk`; returns (b, n)."""
     b, n = check_scores(scores)
-    _check_int("k", k, 1)
+    check_int("k", k, lo=1)
     if k > MAX_K:
         raise ValueError(f"k must be <= {MAX_K}, got {k}")
     check_end(end, b, scores.device)
@@ -55,7 +51,7 @@ def check_topk_args(scores, k, end, *, sorted=False, sorted_index=False, indices
         check_tensor("output_idx_offset", output_idx_offset, dtype=INDEX_DTYPES, shape=(b,))
         check_same_device(scores=scores, output_idx_offset=output_idx_offset)
     if not isinstance(return_value, bool):
-        raise TypeError(f"return_value must be a bool, got {type(return_value).__name__}")
+        raise TypeError(f"return_value must be a bool, got {describe(return_value)}")
     return b, n
 
 
@@ -72,7 +68,7 @@ def check_end_values(end, n: int) -> None:
 
 def check_block_max_args(scores, block_size, end) -> tuple[int, int]:
     b, n = check_scores(scores)
-    _check_int("block_size", block_size, 1)
+    check_int("block_size", block_size, lo=1)
     check_end(end, b, scores.device)
     return b, n
 
@@ -85,7 +81,7 @@ def check_restore_args(index, candidate_blocks, block_size) -> tuple[int, int, i
     if candidate_blocks.shape[0] != b:
         raise ValueError(f"candidate_blocks must have {b} rows like index, "
                          f"got {tuple(candidate_blocks.shape)}")
-    _check_int("block_size", block_size, 1)
+    check_int("block_size", block_size, lo=1)
     check_same_device(index=index, candidate_blocks=candidate_blocks)
     return b, k, candidate_blocks.shape[1]
 
@@ -104,7 +100,7 @@ def check_convert_args(index, block_size_c, valid_lens, block_tables) -> tuple[i
     """index: [b, L, k] int32; valid_lens: [b, L] int32; block_tables: [b, max_blocks] int32."""
     check_tensor("index", index, dtype=torch.int32, ndim=3, contiguous=True)
     b, L, k = index.shape
-    _check_int("block_size_c", block_size_c, 1)
+    check_int("block_size_c", block_size_c, lo=1)
     check_tensor("valid_lens", valid_lens, dtype=torch.int32, shape=(b, L), contiguous=True)
     check_tensor("block_tables", block_tables, dtype=torch.int32, ndim=2, contiguous=True)
     if block_tables.shape[0] != b:
@@ -150,12 +146,12 @@ def check_topk_to_slots_args(scores, k, end, candidate_blocks, candidate_block_s
         check_tensor("candidate_blocks", candidate_blocks, dtype=torch.int32, ndim=2, contiguous=True)
         if candidate_blocks.shape[0] != b:
             raise ValueError(f"candidate_blocks must have {b} rows, got {tuple(candidate_blocks.shape)}")
-        _check_int("candidate_block_size", candidate_block_size, 1)
+        check_int("candidate_block_size", candidate_block_size, lo=1)
         if candidate_blocks.shape[1] * candidate_block_size < n:
             raise ValueError(f"scores has {n} compact rows but candidate_blocks covers only "
                              f"{candidate_blocks.shape[1]} x {candidate_block_size}")
         check_same_device(scores=scores, candidate_blocks=candidate_blocks)
-    _check_int("block_size_c", block_size_c, 1)
+    check_int("block_size_c", block_size_c, lo=1)
     check_tensor("block_tables", block_tables, dtype=torch.int32, ndim=2, contiguous=True)
     if block_tables.shape[0] != b:
         raise ValueError(f"block_tables must have {b} rows like scores, got {tuple(block_tables.shape)}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from metadata.cache_format import E2M1_MAX, E4M3_MAX, KVCacheFormat
-from metadata.checks import check_int_sequence, check_tensor
+from metadata.checks import check_int_sequence, check_tensor, describe
 from metadata.kv_store_args import check_store_args, check_store_values
 
 # e2m1 magnitudes of codes 0..7; bit 3 (value 8) is the sign.
@@ -265,7 +265,7 @@ def dequantize_rows(kv_cache: torch.Tensor, slots, fmt: KVCacheFormat) -> torch.
     integer tensor) in ``[0, num_blocks * rows_per_block)``.
     """
     if not isinstance(fmt, KVCacheFormat):
-        raise TypeError(f"fmt must be a KVCacheFormat, got {type(fmt).__name__}")
+        raise TypeError(f"fmt must be a KVCacheFormat, got {describe(fmt)}")
     check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=2)
     rpb = fmt.rows_per_block(kv_cache.shape[1])
     if isinstance(slots, torch.Tensor):
