@@ -114,12 +114,13 @@ def _projected(n, dim, g, device):
 # ----------------------------------------------------------------------------------------------
 
 # (chunk length, context length after the chunk, state slot): a straddling group, a whole chunk, an
-# empty chunk (a placeholder row) and a chunk that completes one row; slot 4 is spare
+# empty chunk (a placeholder row) and a chunk that completes one row
 PREFILL_CHUNKS = ((5, 9, 1), (3, 3, 0), (0, 4, 2), (2, 6, 3))
 PREFILL_SLOTS, PREFILL_RING = 5, 3
 # (state slot, context before the step, tokens): a 3-token verification step and two single tokens
 DECODE_STEPS = ((1, 9, 3), (0, 4, 1), (3, 1, 1))
-DECODE_SLOTS = 4
+DECODE_SLOTS = 5
+SPARE_SLOT = 4  # a ring slot no request of either batch owns
 
 
 def prefill_call(device="cpu", dim=64, seed=0) -> Call:
