@@ -242,22 +242,22 @@ def compress_store_decode_call(device="cpu", fmt: KVCacheFormat = FP8_MAIN_KV_FO
 # topk family
 # ----------------------------------------------------------------------------------------------
 
-TOPK_ENDS = (40, 7, 0)  # a full row, a short row, an empty row
+def _ends(b, n, device):
+    """end per row, cycling: the whole row, a short row (7), an empty row."""
+    return _i32([(n, min(7, n), 0)[r % 3] for r in range(b)], device)
 
 
 def topk_call(device="cpu", b=3, n=40, k=5, seed=0) -> Call:
     """``topk(scores, k, *, end)``: fills its own outputs, writes nothing of the caller's."""
     g = torch.Generator().manual_seed(seed)
-    end = [min(e, n) for e in (TOPK_ENDS * b)[:b]]
-    return Call(dict(scores=torch.randn(b, n, generator=g).to(device), k=k), dict(end=_i32(end, device)))
+    return Call(dict(scores=torch.randn(b, n, generator=g).to(device), k=k), dict(end=_ends(b, n, device)))
 
 
 def block_max_call(device="cpu", b=3, n=40, block_size=8, seed=0) -> Call:
     """``block_max_scores(scores, block_size, end)``."""
     g = torch.Generator().manual_seed(seed)
-    end = [min(e, n) for e in (TOPK_ENDS * b)[:b]]
     return Call(dict(scores=torch.randn(b, n, generator=g).to(device), block_size=block_size,
-                     end=_i32(end, device)))
+                     end=_ends(b, n, device)))
 
 
 def restore_call(device="cpu", b=3, k=5, c=4, block_size=8, seed=0) -> Call:
@@ -283,8 +283,7 @@ def convert_call(device="cpu", b=3, L=1, k=5, block_size_c=4, max_blocks=6, seed
 def topk_to_slots_call(device="cpu", b=3, n=40, k=5, block_size_c=8, seed=0) -> Call:
     """``topk_to_slots(scores, k, *, end, block_size_c, block_tables)``, tables covering every row."""
     g = torch.Generator().manual_seed(seed)
-    end = [min(e, n) for e in (TOPK_ENDS * b)[:b]]
     blocks = -(-n // block_size_c)
     table = torch.stack([torch.randperm(4 * blocks, generator=g)[:blocks] for _ in range(b)]).to(torch.int32)
     return Call(dict(scores=torch.randn(b, n, generator=g).to(device), k=k),
-                dict(end=_i32(end, device), block_size_c=block_size_c, block_tables=table.to(device)))
+                dict(end=_ends(b, n, device), block_size_c=block_size_c, block_tables=table.to(device)))
