@@ -551,7 +551,7 @@ def test_decode_argument_errors():
     ctx, sl = decode_metadata([(4, 0), (9, 1)])
     x = sequence(2)
     for fn in (compress_decode_ref, compress_decode_torch):
-        with pytest.raises(ValueError, match=r"context_lens has 1 entries but projected_kv of shape \(2, 128\)"):
+        with pytest.raises(ValueError, match=r"context_lens has 1 entries but projected_kv of shape \(2, "):
             fn(x, state, ctx[:1], sl, 1, 2)
         with pytest.raises(TypeError, match="max_seqlen_q must be an int"):
             fn(x, state, ctx, sl, torch.tensor(1), 2)
