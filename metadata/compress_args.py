@@ -40,11 +40,13 @@ def _check_common(projected_kv, state_cache, compress_ratio):
     return num_tokens, dim, num_slots, ring
 
 
-def _check_count(name: str, t, n: int, source: str) -> None:
-    """A 1-D int32 tensor of ``n`` entries, ``n`` being what ``source`` implies (the message names both)."""
+def _check_count(name: str, t, n: int, source: str, source_t, what: str) -> None:
+    """A 1-D int32 tensor of ``n`` entries, ``n`` being what tensor ``source`` implies (``what``); the
+    message names both."""
     check_tensor(name, t, dtype=torch.int32, ndim=1)
     if t.shape[0] != n:
-        raise ValueError(f"{name} has {t.shape[0]} entries but {source} needs {n}")
+        raise ValueError(f"{name} has {t.shape[0]} entries but {source} of shape {tuple(source_t.shape)} "
+                         f"({what}) needs {n}")
 
 
 def check_prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
@@ -55,10 +57,10 @@ def check_prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, st
     num_reqs = cu_seqlens_q.shape[0] - 1
     if num_reqs < 0:
         raise ValueError("cu_seqlens_q must hold num_reqs + 1 >= 1 offsets, got an empty tensor")
-    source = f"cu_seqlens_q of shape {tuple(cu_seqlens_q.shape)} (num_reqs={num_reqs})"
-    _check_count("context_lens", context_lens, num_reqs, source)
-    _check_count("state_block_idx", state_block_idx, num_reqs, source)
-    _check_count("cu_compressed", cu_compressed, num_reqs + 1, source)
+    what = f"num_reqs={num_reqs}"
+    _check_count("context_lens", context_lens, num_reqs, "cu_seqlens_q", cu_seqlens_q, what)
+    _check_count("state_block_idx", state_block_idx, num_reqs, "cu_seqlens_q", cu_seqlens_q, what)
+    _check_count("cu_compressed", cu_compressed, num_reqs + 1, "cu_seqlens_q", cu_seqlens_q, what)
     check_same_device(projected_kv=projected_kv, state_cache=state_cache, cu_seqlens_q=cu_seqlens_q,
                       context_lens=context_lens, state_block_idx=state_block_idx,
                       cu_compressed=cu_compressed)
@@ -77,9 +79,9 @@ def check_decode_args(projected_kv, state_cache, context_lens, state_block_idx, 
                       compress_ratio) -> CompressDims:
     """Host checks of ``compress_decode`` (incl. the capacity rule); returns the dimensions."""
     num_tokens, dim, num_slots, ring = _check_common(projected_kv, state_cache, compress_ratio)
-    source = f"projected_kv of shape {tuple(projected_kv.shape)} (one entry per query token)"
-    _check_count("context_lens", context_lens, num_tokens, source)
-    _check_count("state_block_idx", state_block_idx, num_tokens, source)
+    what = "one entry per query token"
+    _check_count("context_lens", context_lens, num_tokens, "projected_kv", projected_kv, what)
+    _check_count("state_block_idx", state_block_idx, num_tokens, "projected_kv", projected_kv, what)
     check_same_device(projected_kv=projected_kv, state_cache=state_cache, context_lens=context_lens,
                       state_block_idx=state_block_idx)
     check_int("max_seqlen_q", max_seqlen_q, lo=1)
