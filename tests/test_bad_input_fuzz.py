@@ -8,7 +8,7 @@ a TypeError / ValueError whose message names the broken argument and the value p
 the entry point writes byte-for-byte unchanged. Kernel wrappers get the host-side breakages only (their
 value checks need TILELANG_OPS_DEBUG=1 and CUDA); references and twins get all of them.
 
-Derandomized and without an example database, so a run is reproducible and writes no files.
+Derandomized and without an example database, so every run draws the same examples.
 """
 
 from __future__ import annotations
