@@ -6,6 +6,7 @@ before anything is written. Messages show the offending values.
 
 from __future__ import annotations
 
+import operator
 import os
 
 import torch
@@ -20,6 +21,58 @@ def debug_checks_enabled() -> bool:
     return os.environ.get(DEBUG_ENV, "0") not in ("", "0", "false", "False")
 
 
+def describe(value) -> str:
+    """What a message shows of a value the caller passed: its type and a short repr."""
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 80 else text[:77] + '...'}"
+
+
+def check_int(name: str, value, *, lo: int | None = None, hi: int | None = None) -> int:
+    """``value`` as a Python int, else TypeError; outside ``[lo, hi]`` (bounds given), ValueError.
+
+    Integer scalars that define ``__index__`` (numpy ints) are accepted; bools and tensors are not (a
+    host check never reads a device value).
+    """
+    if isinstance(value, bool) or isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be an int, got {describe(value)}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {describe(value)}") from None
+    if lo is not None and hi is not None and not lo <= v <= hi:
+        raise ValueError(f"{name}={v} is outside [{lo}, {hi}]")
+    if lo is not None and v < lo:
+        raise ValueError(f"{name}={v} must be >= {lo}")
+    if hi is not None and v > hi:
+        raise ValueError(f"{name}={v} must be <= {hi}")
+    return v
+
+
+def check_int_sequence(name: str, values) -> list[int]:
+    """A sequence (list, tuple, range, 1-D tensor on the CPU) of ints, as a list; messages name the entry."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of ints, got {describe(values)}")
+    if isinstance(values, torch.Tensor):
+        if values.dim() != 1 or values.is_floating_point() or values.dtype == torch.bool \
+                or values.device.type != "cpu":
+            raise TypeError(f"{name} must be a sequence of ints, got a {values.dtype} tensor of shape "
+                            f"{tuple(values.shape)} on {values.device}")
+        return values.tolist()
+    return [check_int(f"{name}[{i}]", v) for i, v in enumerate(values)]
+
+
+def check_choice(name: str, value, choices) -> None:
+    """``value`` must be one of ``choices`` (a ValueError listing them)."""
+    try:
+        known = value in choices
+    except TypeError:  # an unhashable value is in no table
+        known = False
+    if not known:
+        raise ValueError(f"{name}={value!r} is not one of {list(choices)}")
+
+
 def check_tensor(name: str, t, *, dtype=None, ndim: int | None = None, shape=None,
                  device: torch.device | str | None = None, contiguous: bool = False) -> None:
     """Raise TypeError/ValueError unless ``t`` is a tensor with the given properties.
@@ -27,7 +80,7 @@ def check_tensor(name: str, t, *, dtype=None, ndim: int | None = None, shape=Non
     ``dtype`` may be one dtype or a tuple; ``shape`` may hold None for free dimensions.
     """
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {describe(t)}")
     if dtype is not None:
         allowed = dtype if isinstance(dtype, tuple) else (dtype,)
         if t.dtype not in allowed:

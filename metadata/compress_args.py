@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from metadata.cache_engine import check_compress_ratio, check_kernel_ratio, check_ring_capacity
-from metadata.checks import check_same_device, check_tensor
+from metadata.cache_engine import check_compress_ratio, check_ring_capacity, check_state_ratio
+from metadata.checks import check_int, check_same_device, check_tensor, describe
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class CompressDims:
 
 
 def _check_common(projected_kv, state_cache, compress_ratio):
-    check_kernel_ratio(compress_ratio)
+    check_state_ratio(compress_ratio)
     check_tensor("projected_kv", projected_kv, dtype=torch.float32, ndim=2)
     check_tensor("state_cache", state_cache, dtype=torch.float32, ndim=4, contiguous=True)
     num_tokens, two_d = projected_kv.shape
@@ -40,6 +40,15 @@ def _check_common(projected_kv, state_cache, compress_ratio):
     return num_tokens, dim, num_slots, ring
 
 
+def _check_count(name: str, t, n: int, source: str, source_t, what: str) -> None:
+    """A 1-D int32 tensor of ``n`` entries, ``n`` being what tensor ``source`` implies (``what``); the
+    message names both."""
+    check_tensor(name, t, dtype=torch.int32, ndim=1)
+    if t.shape[0] != n:
+        raise ValueError(f"{name} has {t.shape[0]} entries but {source} of shape {tuple(source_t.shape)} "
+                         f"({what}) needs {n}")
+
+
 def check_prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
                        cu_compressed, compress_ratio, num_rows=None) -> CompressDims:
     """Host checks of ``compress_prefill``; returns the dimensions."""
@@ -48,9 +57,10 @@ def check_prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, st
     num_reqs = cu_seqlens_q.shape[0] - 1
     if num_reqs < 0:
         raise ValueError("cu_seqlens_q must hold num_reqs + 1 >= 1 offsets, got an empty tensor")
-    check_tensor("context_lens", context_lens, dtype=torch.int32, shape=(num_reqs,))
-    check_tensor("state_block_idx", state_block_idx, dtype=torch.int32, shape=(num_reqs,))
-    check_tensor("cu_compressed", cu_compressed, dtype=torch.int32, shape=(num_reqs + 1,))
+    what = f"num_reqs={num_reqs}"
+    _check_count("context_lens", context_lens, num_reqs, "cu_seqlens_q", cu_seqlens_q, what)
+    _check_count("state_block_idx", state_block_idx, num_reqs, "cu_seqlens_q", cu_seqlens_q, what)
+    _check_count("cu_compressed", cu_compressed, num_reqs + 1, "cu_seqlens_q", cu_seqlens_q, what)
     check_same_device(projected_kv=projected_kv, state_cache=state_cache, cu_seqlens_q=cu_seqlens_q,
                       context_lens=context_lens, state_block_idx=state_block_idx,
                       cu_compressed=cu_compressed)
@@ -58,8 +68,7 @@ def check_prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, st
     # needs r of them, so the ring must hold at least one whole group (max_seqlen_q = 1).
     check_ring_capacity(ring, compress_ratio, 1)
     if num_rows is not None:
-        if isinstance(num_rows, bool) or not isinstance(num_rows, int):
-            raise TypeError(f"num_rows must be an int or None, got {type(num_rows).__name__}")
+        num_rows = check_int("num_rows", num_rows)
         if num_rows < num_reqs:
             raise ValueError(f"num_rows={num_rows} is below num_reqs={num_reqs} (every request "
                              f"reserves at least one row)")
@@ -70,14 +79,12 @@ def check_decode_args(projected_kv, state_cache, context_lens, state_block_idx, 
                       compress_ratio) -> CompressDims:
     """Host checks of ``compress_decode`` (incl. the capacity rule); returns the dimensions."""
     num_tokens, dim, num_slots, ring = _check_common(projected_kv, state_cache, compress_ratio)
-    check_tensor("context_lens", context_lens, dtype=torch.int32, shape=(num_tokens,))
-    check_tensor("state_block_idx", state_block_idx, dtype=torch.int32, shape=(num_tokens,))
+    what = "one entry per query token"
+    _check_count("context_lens", context_lens, num_tokens, "projected_kv", projected_kv, what)
+    _check_count("state_block_idx", state_block_idx, num_tokens, "projected_kv", projected_kv, what)
     check_same_device(projected_kv=projected_kv, state_cache=state_cache, context_lens=context_lens,
                       state_block_idx=state_block_idx)
-    if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int):
-        raise TypeError(f"max_seqlen_q must be an int, got {type(max_seqlen_q).__name__}")
-    if max_seqlen_q < 1:
-        raise ValueError(f"max_seqlen_q={max_seqlen_q} must be >= 1")
+    check_int("max_seqlen_q", max_seqlen_q, lo=1)
     check_ring_capacity(ring, compress_ratio, max_seqlen_q)
     return CompressDims(num_tokens, dim, num_slots, ring, num_tokens)
 
@@ -110,9 +117,11 @@ def check_prefill_values(projected_kv, state_cache, cu_seqlens_q, context_lens, 
             raise ValueError(f"request {i}: context_lens={e} is below its chunk length {length}")
         if not 0 <= slot < num_slots:
             raise ValueError(f"request {i}: state_block_idx={slot} is outside [0, {num_slots})")
-        if length > 0:
+        if length > 0:  # an empty chunk neither reads nor writes its ring
             if slot in owner:
-                raise ValueError(f"requests {owner[slot]} and {i} share state slot {slot}")
+                raise ValueError(f"requests {owner[slot]} and {i} share state slot {slot} "
+                                 f"(state_block_idx[{owner[slot]}] = state_block_idx[{i}] = {slot}); "
+                                 f"two chunks would write one ring")
             owner[slot] = i
     _, ncs = prefill_row_counts(cu_q, ctx, compress_ratio)
     want = [0]
@@ -145,16 +154,26 @@ def check_decode_values(projected_kv, state_cache, context_lens, state_block_idx
             raise ValueError(f"token {i}: state_block_idx={slot} is outside [0, {num_slots})")
         if i > 0 and slot == slots[i - 1]:
             if c != ctx[i - 1] + 1:
-                raise ValueError(f"tokens {i - 1} and {i} share slot {slot} but have context_lens "
+                raise ValueError(f"tokens {i - 1} and {i} share state_block_idx={slot} but have context_lens "
                                  f"{ctx[i - 1]} and {c} (must be consecutive)")
             run += 1
         else:
             if slot in seen:
-                raise ValueError(f"token {i}: slot {slot} was used by an earlier, non-adjacent token")
+                raise ValueError(f"token {i}: state_block_idx={slot} was used by an earlier, non-adjacent "
+                                 f"token")
             seen.add(slot)
             run = 1
         if run > max_seqlen_q:
-            raise ValueError(f"slot {slot} has more than max_seqlen_q={max_seqlen_q} tokens in this step")
+            raise ValueError(f"state_block_idx={slot} has more than max_seqlen_q={max_seqlen_q} tokens in "
+                             f"this step")
+
+
+def _field(metadata, name: str):
+    try:
+        return getattr(metadata, name)
+    except AttributeError:
+        raise TypeError(f"metadata must carry {name} (an InputMetadata, duck-typed), got "
+                        f"{type(metadata).__name__} without it") from None
 
 
 def _metadata_rows(metadata, compress_ratio: int):
@@ -173,12 +192,22 @@ def dispatch_compress(prefill_fn, decode_fn, projected_kv, state_cache, metadata
     state_block_idx, max_seqlen_q`` and ``cu_compressed[str(r)]``, optionally ``num_rows[str(r)]``).
     """
     check_compress_ratio(compress_ratio, compress_overlap=compress_overlap, use_ape=use_ape)
+    if not isinstance(is_prefill, bool):
+        raise TypeError(f"is_prefill must be a bool, got {describe(is_prefill)}")
     if compress_ratio == 1:
         check_tensor("projected_kv", projected_kv, dtype=torch.bfloat16, ndim=2)
         return projected_kv
     if is_prefill:
-        return prefill_fn(projected_kv, state_cache, metadata.cu_seqlens_q, metadata.context_lens,
-                          metadata.state_block_idx, metadata.cu_compressed[str(compress_ratio)],
-                          compress_ratio, num_rows=_metadata_rows(metadata, compress_ratio))
-    return decode_fn(projected_kv, state_cache, metadata.context_lens, metadata.state_block_idx,
-                     int(metadata.max_seqlen_q), compress_ratio)
+        cu_compressed = _field(metadata, "cu_compressed")
+        key = str(compress_ratio)
+        if not isinstance(cu_compressed, dict) or key not in cu_compressed:
+            have = list(cu_compressed) if isinstance(cu_compressed, dict) else type(cu_compressed).__name__
+            raise ValueError(f"metadata.cu_compressed has no entry {key!r} for "
+                             f"compress_ratio={compress_ratio} (it holds {have})")
+        return prefill_fn(projected_kv, state_cache, _field(metadata, "cu_seqlens_q"),
+                          _field(metadata, "context_lens"), _field(metadata, "state_block_idx"),
+                          cu_compressed[key], compress_ratio,
+                          num_rows=_metadata_rows(metadata, compress_ratio))
+    max_seqlen_q = check_int("metadata.max_seqlen_q", _field(metadata, "max_seqlen_q"))
+    return decode_fn(projected_kv, state_cache, _field(metadata, "context_lens"),
+                     _field(metadata, "state_block_idx"), max_seqlen_q, compress_ratio)

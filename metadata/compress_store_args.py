@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from metadata.cache_format import BF16_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT, KVCacheFormat
-from metadata.checks import check_tensor
+from metadata.checks import check_int, check_tensor, describe
 from metadata.compress_args import (
     CompressDims,
     check_decode_args,
@@ -43,7 +43,7 @@ class CompressStoreDims:
 
 def check_main_format(fmt, dim: int) -> None:
     if not isinstance(fmt, KVCacheFormat):
-        raise TypeError(f"fmt must be a KVCacheFormat, got {type(fmt).__name__}")
+        raise TypeError(f"fmt must be a KVCacheFormat, got {describe(fmt)}")
     if fmt not in MAIN_BRANCH_FORMATS:
         names = ", ".join(f.name for f in MAIN_BRANCH_FORMATS)
         raise ValueError(f"compress_store writes main-branch rows: fmt must be one of {names}, got "
@@ -53,9 +53,18 @@ def check_main_format(fmt, dim: int) -> None:
                          f"(state_cache.shape[-1]) is D={dim}")
 
 
-def _row_count(positions) -> int:
+def _prefill_row_count(positions, slot_mapping, num_rows) -> int:
+    """Prefill rows on the host: positions, slot_mapping and num_rows (when given) must agree; a
+    disagreement names each of them with its length (the device value cu_compressed[-1] decides later)."""
     check_tensor("positions", positions, dtype=INDEX_DTYPES, ndim=1)
-    return positions.shape[0]
+    rows = positions.shape[0]
+    if num_rows is not None and check_int("num_rows", num_rows) != rows:
+        raise ValueError(f"positions has {rows} rows but num_rows={num_rows} (one entry per compressed row)")
+    check_tensor("slot_mapping", slot_mapping, dtype=INDEX_DTYPES, ndim=1)
+    if slot_mapping.shape[0] != rows:
+        raise ValueError(f"positions has {rows} rows but slot_mapping has {slot_mapping.shape[0]}: both hold "
+                         f"one entry per compressed row (cu_compressed[-1] of them)")
+    return rows
 
 
 def _store_checks(projected_kv, rows, dim, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache,
@@ -72,12 +81,12 @@ def check_compress_store_prefill_args(projected_kv, state_cache, cu_seqlens_q, c
                                       slot_mapping, kv_cache, fmt, *, out_norm=None, num_rows=None,
                                       rope_dim=64, interleaved=True) -> CompressStoreDims:
     """Host checks of ``compress_store_prefill`` (no device sync); returns both geometries."""
-    rows = _row_count(positions)
-    if num_rows is not None and not isinstance(num_rows, bool) and isinstance(num_rows, int) \
-            and num_rows != rows:
-        raise ValueError(f"num_rows={num_rows} but positions has {rows} rows")
+    rows = _prefill_row_count(positions, slot_mapping, num_rows)
     dims = check_prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
-                              cu_compressed, compress_ratio, rows if num_rows is None else num_rows)
+                              cu_compressed, compress_ratio, num_rows)
+    if rows < dims.num_reqs:
+        raise ValueError(f"positions has {rows} rows but cu_seqlens_q holds {dims.num_reqs} requests (every "
+                         f"request reserves at least one row)")
     check_main_format(fmt, dims.dim)
     geom = _store_checks(projected_kv, rows, dims.dim, norm_weight, eps, cos, sin, positions, slot_mapping,
                          kv_cache, fmt, out_norm, rope_dim, interleaved)
@@ -101,8 +110,11 @@ def check_compress_store_prefill_values(projected_kv, state_cache, cu_seqlens_q,
                                         state_block_idx, cu_compressed, compress_ratio, positions,
                                         slot_mapping, dims: CompressStoreDims) -> None:
     """Metadata values of a prefill batch (device sync): compress metadata, then slots and positions."""
-    check_prefill_values(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
-                         cu_compressed, compress_ratio, dims.store.rows)
+    want = check_prefill_values(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
+                                cu_compressed, compress_ratio)
+    if want != dims.store.rows:
+        raise ValueError(f"positions and slot_mapping have {dims.store.rows} rows but "
+                         f"cu_compressed[-1]={want} (one entry per compressed row)")
     check_store_values(positions, slot_mapping, dims.store)
 
 

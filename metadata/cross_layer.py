@@ -6,20 +6,15 @@ A sharing map has one entry per layer: ``map[l]`` is the source layer whose resu
 
 from __future__ import annotations
 
-import operator
 from typing import Sequence
+
+from metadata.checks import check_int_sequence
 
 
 def _as_map(name: str, m: Sequence[int]) -> list[int]:
-    out = []
-    for l, x in enumerate(m):
-        if isinstance(x, bool):
-            raise TypeError(f"{name}[{l}] must be an int, got bool {x}; {name}={list(m)}")
-        try:
-            out.append(operator.index(x))
-        except TypeError:
-            raise TypeError(f"{name}[{l}] must be an int, got {type(x).__name__}; {name}={list(m)}") from None
-    return out
+    if not isinstance(name, str):
+        raise TypeError(f"map names must be str, got {type(name).__name__} {name!r}")
+    return check_int_sequence(name, m)
 
 
 def validate_map_refines(fine_name: str, fine: Sequence[int], coarse_name: str,

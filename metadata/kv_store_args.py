@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from metadata.cache_format import KVCacheFormat
-from metadata.checks import check_same_device, check_tensor
+from metadata.checks import check_same_device, check_tensor, describe
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
@@ -32,7 +32,7 @@ def check_store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv
                      rope_dim=64, interleaved=True, hadamard=False, out_norm=None) -> StoreGeometry:
     """Raise TypeError/ValueError on any malformed argument; return the derived geometry."""
     if not isinstance(fmt, KVCacheFormat):
-        raise TypeError(f"fmt must be a KVCacheFormat, got {type(fmt).__name__}")
+        raise TypeError(f"fmt must be a KVCacheFormat, got {describe(fmt)}")
     dim = fmt.dim
     check_tensor("kv", kv, dtype=torch.bfloat16, ndim=2)
     if kv.shape[1] != dim:
@@ -40,17 +40,17 @@ def check_store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv
     rows = kv.shape[0]
     check_tensor("norm_weight", norm_weight, dtype=WEIGHT_DTYPES, shape=(dim,))
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise TypeError(f"eps must be a Python float, got {type(eps).__name__}")
+        raise TypeError(f"eps must be a Python float, got {describe(eps)}")
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     if isinstance(rope_dim, bool) or not isinstance(rope_dim, int):
-        raise TypeError(f"rope_dim must be an int, got {type(rope_dim).__name__}")
+        raise TypeError(f"rope_dim must be an int, got {describe(rope_dim)}")
     if rope_dim <= 0 or rope_dim % 2 or rope_dim > dim:
         raise ValueError(f"rope_dim must be even and in [2, {dim}], got {rope_dim}")
     if not isinstance(interleaved, bool):
-        raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
+        raise TypeError(f"interleaved must be a bool, got {describe(interleaved)}")
     if not isinstance(hadamard, bool):
-        raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
+        raise TypeError(f"hadamard must be a bool, got {describe(hadamard)}")
     if hadamard and dim & (dim - 1):
         raise ValueError(f"hadamard needs a power-of-two row width, got dim={dim}")
     check_tensor("cos", cos, dtype=torch.float32, ndim=2)

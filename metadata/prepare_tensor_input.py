@@ -32,13 +32,13 @@ Conventions this module fixes where the SPEC leaves them open:
 from __future__ import annotations
 
 import dataclasses
-import operator
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
 from metadata.cache_engine import check_compress_ratio
+from metadata.checks import check_int, describe
 
 INT32_MAX = 2**31 - 1
 
@@ -132,21 +132,18 @@ class InputMetadata:
 
 
 def _as_int(name: str, value) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got bool {value}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    return check_int(name, value)
 
 
 def _check_args(seqs, is_prefill: bool, block_size: int, compress_ratios) -> tuple[int, ...]:
     """Validate everything before building; returns the ratios as a tuple of ints."""
     if not isinstance(is_prefill, bool):
-        raise TypeError(f"is_prefill must be a bool, got {type(is_prefill).__name__}")
+        raise TypeError(f"is_prefill must be a bool, got {describe(is_prefill)}")
     block_size = _as_int("block_size", block_size)
     if block_size <= 0:
         raise ValueError(f"block_size={block_size} must be positive")
+    if isinstance(compress_ratios, (str, bytes)) or not hasattr(compress_ratios, "__iter__"):
+        raise TypeError(f"compress_ratios must be a sequence of ints, got {describe(compress_ratios)}")
     ratios = tuple(_as_int("compress_ratios entry", r) for r in compress_ratios)
     for r in ratios:
         check_compress_ratio(r)
@@ -154,6 +151,8 @@ def _check_args(seqs, is_prefill: bool, block_size: int, compress_ratios) -> tup
             raise ValueError(f"block_size={block_size} is not divisible by compress_ratio={r}")
     if len(set(ratios)) != len(ratios):
         raise ValueError(f"compress_ratios={ratios} has duplicates")
+    if isinstance(seqs, (str, bytes)) or not hasattr(seqs, "__len__") or not hasattr(seqs, "__getitem__"):
+        raise TypeError(f"seqs must be a sequence of SeqMetadata, got {describe(seqs)}")
     if len(seqs) == 0:
         raise ValueError("seqs is empty: a step needs at least one request")
 
@@ -161,10 +160,13 @@ def _check_args(seqs, is_prefill: bool, block_size: int, compress_ratios) -> tup
     slot_owner: dict[int, int] = {}
     for b, seq in enumerate(seqs):
         if not isinstance(seq, SeqMetadata):
-            raise TypeError(f"seqs[{b}] must be a SeqMetadata, got {type(seq).__name__}")
+            raise TypeError(f"seqs[{b}] must be a SeqMetadata, got {describe(seq)}")
         q = _as_int(f"seqs[{b}].seqlen_q", seq.seqlen_q)
         k = _as_int(f"seqs[{b}].seqlen_k", seq.seqlen_k)
         slot = _as_int(f"seqs[{b}].state_slot", seq.state_slot)
+        if isinstance(seq.block_table, (str, bytes)) or not hasattr(seq.block_table, "__iter__"):
+            raise TypeError(f"seqs[{b}].block_table must be a sequence of ints, got "
+                            f"{describe(seq.block_table)}")
         table = [_as_int(f"seqs[{b}].block_table[{i}]", x) for i, x in enumerate(seq.block_table)]
         if q < 0 or k < 0 or slot < 0:
             raise ValueError(

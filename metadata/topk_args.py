@@ -11,19 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from metadata.checks import check_same_device, check_tensor
+from metadata.checks import check_int, check_same_device, check_tensor, describe
 
 SCORE_DTYPES = (torch.float32, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 MAX_K = 4096  # the kernels hold at most this many selected lanes per row
-
-
-def _check_int(name: str, v, lo: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if v < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {v}")
-    return v
 
 
 def check_scores(scores) -> tuple[int, int]:
@@ -47,7 +39,7 @@ def check_topk_args(scores, k, end, *, sorted=False, sorted_index=False, indices
                     output_idx_offset=None, return_value=True) -> tuple[int, int]:
     """All shape/dtype/device rules of `topk`; returns (b, n)."""
     b, n = check_scores(scores)
-    _check_int("k", k, 1)
+    check_int("k", k, lo=1)
     if k > MAX_K:
         raise ValueError(f"k must be <= {MAX_K}, got {k}")
     check_end(end, b, scores.device)
@@ -59,7 +51,7 @@ def check_topk_args(scores, k, end, *, sorted=False, sorted_index=False, indices
         check_tensor("output_idx_offset", output_idx_offset, dtype=INDEX_DTYPES, shape=(b,))
         check_same_device(scores=scores, output_idx_offset=output_idx_offset)
     if not isinstance(return_value, bool):
-        raise TypeError(f"return_value must be a bool, got {type(return_value).__name__}")
+        raise TypeError(f"return_value must be a bool, got {describe(return_value)}")
     return b, n
 
 
@@ -76,7 +68,7 @@ def check_end_values(end, n: int) -> None:
 
 def check_block_max_args(scores, block_size, end) -> tuple[int, int]:
     b, n = check_scores(scores)
-    _check_int("block_size", block_size, 1)
+    check_int("block_size", block_size, lo=1)
     check_end(end, b, scores.device)
     return b, n
 
@@ -89,7 +81,7 @@ def check_restore_args(index, candidate_blocks, block_size) -> tuple[int, int, i
     if candidate_blocks.shape[0] != b:
         raise ValueError(f"candidate_blocks must have {b} rows like index, "
                          f"got {tuple(candidate_blocks.shape)}")
-    _check_int("block_size", block_size, 1)
+    check_int("block_size", block_size, lo=1)
     check_same_device(index=index, candidate_blocks=candidate_blocks)
     return b, k, candidate_blocks.shape[1]
 
@@ -108,7 +100,7 @@ def check_convert_args(index, block_size_c, valid_lens, block_tables) -> tuple[i
     """index: [b, L, k] int32; valid_lens: [b, L] int32; block_tables: [b, max_blocks] int32."""
     check_tensor("index", index, dtype=torch.int32, ndim=3, contiguous=True)
     b, L, k = index.shape
-    _check_int("block_size_c", block_size_c, 1)
+    check_int("block_size_c", block_size_c, lo=1)
     check_tensor("valid_lens", valid_lens, dtype=torch.int32, shape=(b, L), contiguous=True)
     check_tensor("block_tables", block_tables, dtype=torch.int32, ndim=2, contiguous=True)
     if block_tables.shape[0] != b:
@@ -154,14 +146,54 @@ def check_topk_to_slots_args(scores, k, end, candidate_blocks, candidate_block_s
         check_tensor("candidate_blocks", candidate_blocks, dtype=torch.int32, ndim=2, contiguous=True)
         if candidate_blocks.shape[0] != b:
             raise ValueError(f"candidate_blocks must have {b} rows, got {tuple(candidate_blocks.shape)}")
-        _check_int("candidate_block_size", candidate_block_size, 1)
+        check_int("candidate_block_size", candidate_block_size, lo=1)
         if candidate_blocks.shape[1] * candidate_block_size < n:
             raise ValueError(f"scores has {n} compact rows but candidate_blocks covers only "
                              f"{candidate_blocks.shape[1]} x {candidate_block_size}")
         check_same_device(scores=scores, candidate_blocks=candidate_blocks)
-    _check_int("block_size_c", block_size_c, 1)
+    check_int("block_size_c", block_size_c, lo=1)
     check_tensor("block_tables", block_tables, dtype=torch.int32, ndim=2, contiguous=True)
     if block_tables.shape[0] != b:
         raise ValueError(f"block_tables must have {b} rows like scores, got {tuple(block_tables.shape)}")
     check_same_device(scores=scores, block_tables=block_tables)
     return b, n
+
+
+def check_topk_to_slots_values(scores, k, end, candidate_blocks, candidate_block_size, block_size_c,
+                               block_tables) -> None:
+    """Value check of `topk_to_slots` (device sync), in the caller's arguments: ``end`` in ``[0, n]``,
+    and every row a lane may select (a valid compact row, through its candidate block when there are
+    candidates; -1 candidate blocks are padding) lies in an allocated block of ``block_tables``."""
+    b, n = scores.shape
+    check_end_values(end, n)
+    ends = torch.full((b,), n, dtype=torch.int64, device=scores.device) if end is None else end.long()
+    col = torch.arange(n, device=scores.device)
+    valid = col[None, :] < ends[:, None]  # [b, n] rows top-k may select
+    if candidate_blocks is None:
+        logical = col[None, :].expand(b, n)
+    else:
+        blk = candidate_blocks.long()[:, col // candidate_block_size]
+        valid = valid & (blk >= 0)
+        logical = blk * candidate_block_size + col % candidate_block_size
+    def limit(r):
+        return f"end[{r}]={int(ends[r])}" if end is not None else f"the row length n={n} (end=None)"
+
+    max_blocks = block_tables.shape[1]
+    tb = torch.div(logical, block_size_c, rounding_mode="floor")
+    short = valid & (tb >= max_blocks)
+    if bool(short.any()):
+        r, i = short.nonzero()[0].tolist()
+        via = ""
+        if candidate_blocks is not None:
+            c = i // candidate_block_size
+            via = (f" (candidate_blocks[{r}, {c}]={int(candidate_blocks[r, c])} x "
+                   f"candidate_block_size={candidate_block_size})")
+        raise ValueError(f"block_tables has {max_blocks} blocks of block_size_c={block_size_c} rows each, "
+                         f"too short for row {int(logical[r, i])}{via} in block {int(tb[r, i])}, which top-k "
+                         f"may select under {limit(r)}")
+    entry = block_tables.long().gather(1, tb.clamp(0, max(max_blocks - 1, 0))) if max_blocks else tb
+    unallocated = valid & (entry < 0)
+    if bool(unallocated.any()):
+        r, i = unallocated.nonzero()[0].tolist()
+        raise ValueError(f"block_tables[{r}, {int(tb[r, i])}]={int(entry[r, i])} is not an allocated block, "
+                         f"but top-k may select its row {int(logical[r, i])} under {limit(r)}")

@@ -6,8 +6,9 @@ It is, literally, the compress reference followed by the store reference on the 
     kv = compress_prefill_ref(...)                          (gated mean, BF16 rows, ring updated)
     norm_rope_hadamard_cast_store_ref(kv, ..., hadamard=False, out_norm=out_norm)
 
-``compress_store_*_torch`` compose the vectorized twins the same way (same bits; used for big GPU
-shapes and as the eager / torch.compile benchmark peers).
+``compress_store_*_torch`` compose the vectorized twins the same way (same checks, same bits; used for
+big GPU shapes); ``compress_store_*_torch_unchecked`` compose the twins' arithmetic alone (host checks
+only), the eager / torch.compile benchmark peers, validated once outside the timed call.
 
 Decisions:
 * Nothing is returned. The fused kernel keeps each compressed BF16 row on chip; returning it would add
@@ -29,11 +30,14 @@ from metadata.compress_store_args import (
 )
 from reference.compress import (
     compress_decode_ref,
-    compress_decode_torch,
+    compress_decode_torch_unchecked,
     compress_prefill_ref,
-    compress_prefill_torch,
+    compress_prefill_torch_unchecked,
 )
-from reference.kv_store import norm_rope_hadamard_cast_store_ref, norm_rope_hadamard_cast_store_torch
+from reference.kv_store import (
+    norm_rope_hadamard_cast_store_ref,
+    norm_rope_hadamard_cast_store_torch_unchecked,
+)
 
 
 def compress_store_prefill_ref(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
@@ -97,8 +101,7 @@ def compress_store_decode_ref(projected_kv, state_cache, context_lens, state_blo
 
 
 # ----------------------------------------------------------------------------------------------
-# Vectorized twins: the twins composed (host checks only; like the kernels they skip rows whose
-# slot is beyond the cache or whose position is outside the table instead of raising).
+# Vectorized twins: every check of the loop reference, then the twins' arithmetic composed.
 # ----------------------------------------------------------------------------------------------
 
 
@@ -106,28 +109,66 @@ def compress_store_prefill_torch(projected_kv, state_cache, cu_seqlens_q, contex
                                  cu_compressed, compress_ratio, norm_weight, eps, cos, sin, positions,
                                  slot_mapping, kv_cache, fmt, *, out_norm=None, num_rows=None, rope_dim=64,
                                  interleaved=True) -> None:
-    """Vectorized twin of ``compress_store_prefill_ref`` (same signature, same bits)."""
+    """Vectorized twin of ``compress_store_prefill_ref`` (same signature, same checks, same bits)."""
     dims = check_compress_store_prefill_args(
         projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
         compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
         out_norm=out_norm, num_rows=num_rows, rope_dim=rope_dim, interleaved=interleaved)
-    kv = compress_prefill_torch(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
-                                cu_compressed, compress_ratio, num_rows=dims.store.rows)
-    norm_rope_hadamard_cast_store_torch(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache,
-                                        fmt, rope_dim=rope_dim, interleaved=interleaved, hadamard=False,
-                                        out_norm=out_norm)
+    check_compress_store_prefill_values(projected_kv, state_cache, cu_seqlens_q, context_lens,
+                                        state_block_idx, cu_compressed, compress_ratio, positions,
+                                        slot_mapping, dims)
+    compress_store_prefill_torch_unchecked(
+        projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed, compress_ratio,
+        norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm=out_norm,
+        num_rows=dims.store.rows, rope_dim=rope_dim, interleaved=interleaved)
 
 
 def compress_store_decode_torch(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
                                 compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache,
                                 fmt, *, out_norm=None, rope_dim=64, interleaved=True) -> None:
-    """Vectorized twin of ``compress_store_decode_ref`` (same signature, same bits)."""
+    """Vectorized twin of ``compress_store_decode_ref`` (same signature, same checks, same bits)."""
+    dims = check_compress_store_decode_args(
+        projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio, norm_weight,
+        eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm=out_norm, rope_dim=rope_dim,
+        interleaved=interleaved)
+    check_compress_store_decode_values(projected_kv, state_cache, context_lens, state_block_idx,
+                                       max_seqlen_q, positions, slot_mapping, dims)
+    compress_store_decode_torch_unchecked(
+        projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio, norm_weight,
+        eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm=out_norm, rope_dim=rope_dim,
+        interleaved=interleaved)
+
+
+def compress_store_prefill_torch_unchecked(projected_kv, state_cache, cu_seqlens_q, context_lens,
+                                           state_block_idx, cu_compressed, compress_ratio, norm_weight, eps,
+                                           cos, sin, positions, slot_mapping, kv_cache, fmt, *, out_norm=None,
+                                           num_rows=None, rope_dim=64, interleaved=True) -> None:
+    """The arithmetic of ``compress_store_prefill_torch`` (host checks only: metadata values are trusted,
+    the caller has run ``check_compress_store_prefill_values``)."""
+    dims = check_compress_store_prefill_args(
+        projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+        compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+        out_norm=out_norm, num_rows=num_rows, rope_dim=rope_dim, interleaved=interleaved)
+    kv = compress_prefill_torch_unchecked(projected_kv, state_cache, cu_seqlens_q, context_lens,
+                                          state_block_idx, cu_compressed, compress_ratio,
+                                          num_rows=dims.store.rows)
+    norm_rope_hadamard_cast_store_torch_unchecked(kv, norm_weight, eps, cos, sin, positions, slot_mapping,
+                                                  kv_cache, fmt, rope_dim=rope_dim, interleaved=interleaved,
+                                                  hadamard=False, out_norm=out_norm)
+
+
+def compress_store_decode_torch_unchecked(projected_kv, state_cache, context_lens, state_block_idx,
+                                          max_seqlen_q, compress_ratio, norm_weight, eps, cos, sin, positions,
+                                          slot_mapping, kv_cache, fmt, *, out_norm=None, rope_dim=64,
+                                          interleaved=True) -> None:
+    """The arithmetic of ``compress_store_decode_torch`` (host checks only: metadata values are trusted,
+    the caller has run ``check_compress_store_decode_values``)."""
     check_compress_store_decode_args(
         projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio, norm_weight,
         eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm=out_norm, rope_dim=rope_dim,
         interleaved=interleaved)
-    kv = compress_decode_torch(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
-                               compress_ratio)
-    norm_rope_hadamard_cast_store_torch(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache,
-                                        fmt, rope_dim=rope_dim, interleaved=interleaved, hadamard=False,
-                                        out_norm=out_norm)
+    kv = compress_decode_torch_unchecked(projected_kv, state_cache, context_lens, state_block_idx,
+                                         max_seqlen_q, compress_ratio)
+    norm_rope_hadamard_cast_store_torch_unchecked(kv, norm_weight, eps, cos, sin, positions, slot_mapping,
+                                                  kv_cache, fmt, rope_dim=rope_dim, interleaved=interleaved,
+                                                  hadamard=False, out_norm=out_norm)

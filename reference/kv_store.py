@@ -2,8 +2,9 @@
 
 SPEC 1.5 (stages, each rounded to BF16) and SPEC 2 (cache formats and cast arithmetic). The loop
 reference ``norm_rope_hadamard_cast_store_ref`` walks rows one by one and scale blocks one by one;
-``norm_rope_hadamard_cast_store_torch`` is its vectorized twin (tested bitwise equal), used as the
-torch eager / torch.compile benchmark peer and as the oracle for large GPU shapes.
+``norm_rope_hadamard_cast_store_torch`` is its vectorized twin (tested bitwise equal, same checks), the
+oracle for large GPU shapes; ``norm_rope_hadamard_cast_store_torch_unchecked`` is the twin's arithmetic
+alone, the torch eager / torch.compile benchmark peer (validated once outside the timed call).
 
 Decisions: ``out_norm`` (when given) receives the norm stage of *every* row, including rows whose
 slot is < 0 (the indexer projects every row's latent; a placeholder row of zeros gives zeros).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from metadata.cache_format import E2M1_MAX, E4M3_MAX, KVCacheFormat
+from metadata.checks import check_int_sequence, check_tensor, describe
 from metadata.kv_store_args import check_store_args, check_store_values
 
 # e2m1 magnitudes of codes 0..7; bit 3 (value 8) is the sign.
@@ -257,12 +259,27 @@ def norm_rope_hadamard_cast_store_ref(kv, norm_weight, eps, cos, sin, positions,
 
 
 def dequantize_rows(kv_cache: torch.Tensor, slots, fmt: KVCacheFormat) -> torch.Tensor:
-    """Decode cache rows back to FP32 [len(slots), dim] (code * scale), for diffing and tests."""
+    """Decode cache rows back to FP32 [len(slots), dim] (code * scale), for diffing and tests.
+
+    kv_cache: [num_blocks, fmt.block_bytes(rows_per_block)] uint8; slots: ints (a sequence or a 1-D
+    integer tensor) in ``[0, num_blocks * rows_per_block)``.
+    """
+    if not isinstance(fmt, KVCacheFormat):
+        raise TypeError(f"fmt must be a KVCacheFormat, got {describe(fmt)}")
+    check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=2)
     rpb = fmt.rows_per_block(kv_cache.shape[1])
+    if isinstance(slots, torch.Tensor):
+        slots = slots.cpu()
+    slots = check_int_sequence("slots", slots)
+    num_slots = kv_cache.shape[0] * rpb
+    for n, slot in enumerate(slots):
+        if not 0 <= slot < num_slots:
+            raise ValueError(f"slots[{n}]={slot} is outside the cache [0, {num_slots}) ({kv_cache.shape[0]} "
+                             f"blocks x {rpb} rows; a negative slot is an unstored row and has no bytes)")
     cache = kv_cache.cpu()
     table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)
     out = torch.empty(len(slots), fmt.dim, dtype=torch.float32)
-    for n, slot in enumerate(int(s) for s in slots):
+    for n, slot in enumerate(slots):
         block, row = divmod(slot, rpb)
         d0, s0 = fmt.data_offset(row, rpb), fmt.scale_offset(row, rpb)
         data = cache[block, d0:d0 + fmt.data_bytes]
@@ -324,9 +341,24 @@ def store_stages_torch(kv, norm_weight, eps, cos, sin, positions, fmt, *, rope_d
 def norm_rope_hadamard_cast_store_torch(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache,
                                         fmt, *, rope_dim=64, interleaved=True, hadamard=False,
                                         out_norm=None, hadamard_fn=None) -> None:
-    """Vectorized twin of the loop reference. Like the kernel, it skips (instead of raising on) rows
-    whose slot is beyond the cache or whose position is outside the table. ``hadamard_fn``: see
+    """Vectorized twin of the loop reference (same checks, same bits). ``hadamard_fn``: see
     ``store_stages_torch``."""
+    geom = check_store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+                            rope_dim=rope_dim, interleaved=interleaved, hadamard=hadamard,
+                            out_norm=out_norm)
+    check_store_values(positions, slot_mapping, geom)
+    norm_rope_hadamard_cast_store_torch_unchecked(kv, norm_weight, eps, cos, sin, positions, slot_mapping,
+                                                  kv_cache, fmt, rope_dim=rope_dim, interleaved=interleaved,
+                                                  hadamard=hadamard, out_norm=out_norm,
+                                                  hadamard_fn=hadamard_fn)
+
+
+def norm_rope_hadamard_cast_store_torch_unchecked(kv, norm_weight, eps, cos, sin, positions, slot_mapping,
+                                                  kv_cache, fmt, *, rope_dim=64, interleaved=True,
+                                                  hadamard=False, out_norm=None, hadamard_fn=None) -> None:
+    """The arithmetic of ``norm_rope_hadamard_cast_store_torch`` (host checks only). Like a kernel without
+    TILELANG_OPS_DEBUG, it skips rows whose slot is beyond the cache or whose position is outside the
+    table instead of raising."""
     geom = check_store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
                             rope_dim=rope_dim, interleaved=interleaved, hadamard=hadamard,
                             out_norm=out_norm)

@@ -25,6 +25,7 @@ from metadata.topk_args import (
     check_restore_values,
     check_topk_args,
     check_topk_to_slots_args,
+    check_topk_to_slots_values,
 )
 
 
@@ -197,6 +198,8 @@ def topk_to_slots_ref(scores, k, *, end=None, candidate_blocks=None, candidate_b
     """
     b, n = check_topk_to_slots_args(scores, k, end, candidate_blocks, candidate_block_size,
                                     block_size_c, block_tables)
+    check_topk_to_slots_values(scores, k, end, candidate_blocks, candidate_block_size, block_size_c,
+                               block_tables)
     _, index = topk_ref(scores, k, end=end, return_value=False)
     if candidate_blocks is not None:
         restore_candidate_indices_ref_(index, candidate_blocks, candidate_block_size)

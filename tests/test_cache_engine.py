@@ -24,7 +24,7 @@ from metadata import (
     compress_state_ring_size,
     needs_index_state,
 )
-from metadata.cache_engine import check_kernel_ratio, min_ring_size
+from metadata.cache_engine import check_state_ratio, min_ring_size
 from metadata.cache_format import slot_location
 from tests.conftest import case_id
 
@@ -44,8 +44,6 @@ def test_engine_defaults():
         (2, DEFAULT_MAX_BACKTRACKING_TOKENS, 7),  # the C2 default the SPEC names
         (2, 1, 2),  # plain decode: the ring holds exactly one group
         (2, 0, 2),  # max(0, -1) = 0
-        (4, 6, 9),  # kernel extension ratio
-        (8, 2, 9),
         (1, 6, 0),  # C1 keeps no state
     ],
     ids=lambda v: str(v),
@@ -64,7 +62,6 @@ def test_ring_size_default_argument():
         (2, 512, 6, 7 * 2 * 512 * 4),  # 28,672 B per slot: the C2 default of the main branch
         (2, 128, 6, 7 * 2 * 128 * 4),
         (2, 512, 1, 2 * 2 * 512 * 4),
-        (4, 512, 6, 9 * 2 * 512 * 4),
         (1, 512, 6, 0),
     ],
     ids=lambda v: str(v),
@@ -81,23 +78,25 @@ def test_state_bytes_c2_default_literal():
     "call, exc, match",
     [
         (lambda: compress_state_ring_size(2, -1), ValueError, r"max_backtracking_tokens=-1 must be >= 0"),
-        (lambda: compress_state_ring_size(3), ValueError, r"compress_ratio=3 must be a power of two"),
-        (lambda: compress_state_ring_size(0), ValueError, r"compress_ratio=0 must be a power of two"),
+        (lambda: compress_state_ring_size(3), ValueError, r"compress_ratio=3 is not supported"),
+        (lambda: compress_state_ring_size(0), ValueError, r"compress_ratio=0 is not supported"),
+        (lambda: compress_state_ring_size(4), ValueError, r"compress_ratio=4 is not supported"),
         (lambda: compress_state_ring_size(2.0), TypeError, r"compress_ratio must be an int"),
         (lambda: compress_state_bytes(6, 512), ValueError, r"compress_ratio=6"),
-        (lambda: check_kernel_ratio(True), TypeError, r"must be an int, got bool"),
-        (lambda: check_kernel_ratio(-2), ValueError, r"compress_ratio=-2"),
+        (lambda: check_state_ratio(True), TypeError, r"must be an int, got bool"),
+        (lambda: check_state_ratio(1), ValueError, r"compress_ratio=1 keeps no compression state"),
         (lambda: needs_index_state(3), ValueError, r"compress_ratio=3"),
+        (lambda: needs_index_state(4), ValueError, r"compress_ratio=4"),
     ],
-    ids=["negative_backtracking", "ratio_3", "ratio_0", "ratio_float", "bytes_ratio_6", "kernel_bool",
-         "kernel_negative", "index_state_ratio_3"],
+    ids=["negative_backtracking", "ratio_3", "ratio_0", "ratio_4", "ratio_float", "bytes_ratio_6",
+         "state_bool", "state_c1", "index_state_ratio_3", "index_state_ratio_4"],
 )
 def test_sizing_errors(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
 
 
-@pytest.mark.parametrize("ratio", [1, 2, 4, 8])
+@pytest.mark.parametrize("ratio", [1, 2])
 def test_needs_index_state_never(ratio):
     assert needs_index_state(ratio) is False  # index keys carry no ring of their own (SPEC 1.5)
 
@@ -125,7 +124,7 @@ def test_check_compress_ratio_rejects(kwargs, exc, match):
         check_compress_ratio(**kwargs)
 
 
-@pytest.mark.parametrize("ratio", [2, 4])
+@pytest.mark.parametrize("ratio", [2])
 @pytest.mark.parametrize("max_seqlen_q", [1, 2, 6])
 def test_ring_capacity_boundary(ratio, max_seqlen_q):
     need = ratio + max_seqlen_q - 1

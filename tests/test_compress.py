@@ -141,8 +141,7 @@ def test_gated_mean_is_shift_safe():
 # ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("r,max_len,extra_ring", [(2, 8, 0), (2, 8, 3), (4, 7, 0), (4, 7, 2)],
-                         ids=lambda v: str(v))
+@pytest.mark.parametrize("r,max_len,extra_ring", [(2, 8, 0), (2, 8, 3), (2, 9, 1)], ids=lambda v: str(v))
 def test_prefill_chunk_partition_invariance(r, max_len, extra_ring):
     """Every way of cutting every sequence of 1..max_len tokens gives the rows and the ring of the
     whole-sequence prefill, bitwise (rows: same FP32 ops; ring: copies)."""
@@ -161,7 +160,7 @@ def test_prefill_chunk_partition_invariance(r, max_len, extra_ring):
 
 
 def test_prefill_whole_matches_direct_gated_mean():
-    r, n = 4, 13
+    r, n = 2, 13
     x = sequence(n)
     state = random_state(2, 5)
     kv = run_prefill(compress_prefill_ref, x, state, [(n, n, 1)], r)
@@ -176,23 +175,23 @@ def test_prefill_whole_matches_direct_gated_mean():
 
 
 def test_prefill_placeholder_rows_are_zero():
-    r = 4
-    x = sequence(3) * 1e30  # huge inputs: a placeholder must not be computed from anything
+    r = 2
+    x = sequence(2) * 1e30  # huge inputs: a placeholder must not be computed from anything
     state = random_state(3, 4)
     before = state.clone()
-    # request 0: positions 5..6 (no group closes); request 1: empty chunk; request 2: position 8
-    chunks = [(2, 7, 2), (0, 9, 0), (1, 9, 1)]
+    # request 0: position 6 (no group closes); request 1: empty chunk; request 2: position 8
+    chunks = [(1, 7, 2), (0, 9, 0), (1, 9, 1)]
     kv = run_prefill(compress_prefill_ref, x, state, chunks, r)
     assert kv.shape == (3, D_CPU)
     compare_bitwise("placeholders", kv, torch.zeros_like(kv)).check()
-    compare_bitwise("ring slot 2 p=5,6", state[2, [1, 2]], x[:2].view(2, 2, D_CPU)).check()
+    compare_bitwise("ring slot 2 p=6", state[2, 2], x[0].view(2, D_CPU)).check()
     compare_bitwise("ring slot 0 untouched", state[0], before[0]).check()
-    compare_bitwise("ring slot 1 p=8", state[1, 0], x[2].view(2, D_CPU)).check()
+    compare_bitwise("ring slot 1 p=8", state[1, 0], x[1].view(2, D_CPU)).check()
 
 
 def test_prefill_chunk_longer_than_ring_reads_old_state_first():
     """A group that began before the chunk reads the ring although the chunk overwrites it."""
-    r, ring = 4, 4
+    r, ring = 2, 2
     x = sequence(20)
     state = random_state(1, ring)
     whole_state = state.clone()
@@ -242,7 +241,7 @@ def process_decode(fn, x, state, first_chunk, step, r, slot=0, max_seqlen_q=None
     return torch.cat(rows)
 
 
-@pytest.mark.parametrize("r", [2, 4])
+@pytest.mark.parametrize("r", [2])
 @pytest.mark.parametrize("step", [1, 2, 3, 4, 5, 6])
 def test_prefill_decode_and_verification_agree(r, step):
     """The same sequence as prefill, as single-token decode and as verification steps of
@@ -305,9 +304,9 @@ class RandomBatch:
 RANDOM_BATCHES = [
     RandomBatch("r2_b6_len9_min", 2, 6, 9, 0, 1),
     RandomBatch("r2_b12_len17_ring7", 2, 12, 17, 5, 2),
-    RandomBatch("r4_b8_len13_min", 4, 8, 13, 0, 3),
-    RandomBatch("r8_b5_len30_ring11", 8, 5, 30, 3, 4),
-    RandomBatch("r16_b4_len40_min", 16, 4, 40, 0, 5),
+    RandomBatch("r2_b8_len13_min", 2, 8, 13, 0, 3),
+    RandomBatch("r2_b5_len30_ring11", 2, 5, 30, 9, 4),
+    RandomBatch("r2_b4_len40_min", 2, 4, 40, 0, 5),
 ]
 
 
@@ -455,13 +454,13 @@ PREFILL_ERRORS = {
         state_cache=a["state_cache"].transpose(0, 1))),
     "int64_meta": (TypeError, "context_lens must have dtype", lambda a: dict(
         context_lens=a["context_lens"].long())),
-    "cu_compressed_len": (ValueError, "cu_compressed must have shape", lambda a: dict(
+    "cu_compressed_len": (ValueError, "cu_compressed has 2 entries but cu_seqlens_q", lambda a: dict(
         cu_compressed=a["cu_compressed"][:-1])),
-    "ratio3": (ValueError, "power of two", lambda a: dict(compress_ratio=3)),
-    "ratio1": (ValueError, "power of two", lambda a: dict(compress_ratio=1)),
+    "ratio3": (ValueError, "compress_ratio=3 is not supported", lambda a: dict(compress_ratio=3)),
+    "ratio4": (ValueError, "compress_ratio=4 is not supported", lambda a: dict(compress_ratio=4)),
+    "ratio1": (ValueError, "compress_ratio=1 keeps no compression state", lambda a: dict(compress_ratio=1)),
     "ratio_float": (TypeError, "must be an int", lambda a: dict(compress_ratio=2.0)),
-    "ring_too_small": (ValueError, "needs at least 4", lambda a: dict(
-        compress_ratio=4, state_cache=random_state(2, 3))),
+    "ring_too_small": (ValueError, "needs at least 2", lambda a: dict(state_cache=random_state(2, 1))),
     "device": (ValueError, "share one device", lambda a: dict(
         context_lens=a["context_lens"].to("meta"))),
     "slot_out_of_range": (ValueError, "state_block_idx=2 is outside", lambda a: dict(
@@ -484,13 +483,10 @@ PREFILL_ERRORS = {
 @pytest.mark.parametrize("fn", [compress_prefill_ref, compress_prefill_torch], ids=["ref", "twin"])
 @pytest.mark.parametrize("name", list(PREFILL_ERRORS))
 def test_prefill_errors_write_nothing(fn, name):
+    """The twin runs every check of the loop reference (value checks included) before it writes."""
     exc, match, change = PREFILL_ERRORS[name]
     args = _prefill_args()
     args.update(change(args))
-    value_check = name in ("slot_out_of_range", "slot_negative", "shared_slot", "context_below_chunk",
-                           "cu_seqlens_end", "cu_compressed_values", "num_rows_mismatch")
-    if fn is compress_prefill_torch and value_check:
-        pytest.skip("value checks (device reads) live in the loop reference and debug wrappers")
     state = args["state_cache"]
     before = state.clone()
     num_rows = args.pop("num_rows", None)
@@ -501,7 +497,7 @@ def test_prefill_errors_write_nothing(fn, name):
 
 def test_prefill_minimum_ring_and_one_less():
     """S = r is enough for every prefill group; S = r - 1 raises before writing."""
-    r = 4
+    r = 2
     x = sequence(11)
     for ring in (r, r - 1):
         state = random_state(1, ring)
@@ -517,7 +513,7 @@ def test_prefill_minimum_ring_and_one_less():
 
 
 @pytest.mark.parametrize("fn", [compress_decode_ref, compress_decode_torch], ids=["ref", "twin"])
-@pytest.mark.parametrize("r,q", [(2, 1), (2, 6), (4, 3)])
+@pytest.mark.parametrize("r,q", [(2, 1), (2, 3), (2, 6)])
 def test_decode_ring_one_slot_short_raises_before_writing(fn, r, q):
     ring = min_ring_size(r, q) - 1
     state = random_state(1, ring)
@@ -538,14 +534,15 @@ DECODE_ERRORS = {
 }
 
 
+@pytest.mark.parametrize("fn", [compress_decode_ref, compress_decode_torch], ids=["ref", "twin"])
 @pytest.mark.parametrize("name", list(DECODE_ERRORS))
-def test_decode_value_errors_write_nothing(name):
+def test_decode_value_errors_write_nothing(fn, name):
     tokens, max_q, match = DECODE_ERRORS[name]
     state = random_state(3, 8)
     before = state.clone()
     ctx, sl = decode_metadata(tokens)
     with pytest.raises(ValueError, match=match):
-        compress_decode_ref(sequence(len(tokens)), state, ctx, sl, max_q, 2)
+        fn(sequence(len(tokens)), state, ctx, sl, max_q, 2)
     compare_bitwise("state untouched", state, before).check()
 
 
@@ -554,7 +551,7 @@ def test_decode_argument_errors():
     ctx, sl = decode_metadata([(4, 0), (9, 1)])
     x = sequence(2)
     for fn in (compress_decode_ref, compress_decode_torch):
-        with pytest.raises(ValueError, match="context_lens must have shape"):
+        with pytest.raises(ValueError, match=r"context_lens has 1 entries but projected_kv of shape \(2, "):
             fn(x, state, ctx[:1], sl, 1, 2)
         with pytest.raises(TypeError, match="max_seqlen_q must be an int"):
             fn(x, state, ctx, sl, torch.tensor(1), 2)
@@ -622,12 +619,12 @@ GPU_PREFILL = [
     GpuPrefillCase("r2_d512_b5_all_empty", 2, 512, 7, 5, 0, 9),  # zero tokens, placeholders only
     GpuPrefillCase("r2_d512_b7_len37_ring7", 2, 512, 7, 7, 37, 1),
     GpuPrefillCase("r2_d512_b9_odd_min_ring", 2, 512, 2, 9, 61, 2, odd_only=True),
-    GpuPrefillCase("r4_d64_b64_len20_min_ring", 4, 64, 4, 64, 20, 3),
-    GpuPrefillCase("r8_d192_b16_len70_ring11", 8, 192, 11, 16, 70, 4),
+    GpuPrefillCase("r2_d64_b64_len20_min_ring", 2, 64, 2, 64, 20, 3),
+    GpuPrefillCase("r2_d192_b16_len70_ring11", 2, 192, 11, 16, 70, 4),
     GpuPrefillCase("r2_d512_b4_len8192_min_ring", 2, 512, 2, 4, 8192, 5, odd_only=True),
     GpuPrefillCase("r2_d512_b16_len4096_ring7", 2, 512, 7, 16, 4096, 6),
     GpuPrefillCase("r2_d512_b4096_len8", 2, 512, 7, 4096, 8, 7),
-    GpuPrefillCase("r4_d512_b300_len300_ring9", 4, 512, 9, 300, 300, 8),
+    GpuPrefillCase("r2_d512_b300_len300_ring9", 2, 512, 9, 300, 300, 8),
 ]
 # the loop reference is exact but slow: above this many tokens compare against the twin, which
 # is bitwise equal to the loop (CPU tests above)
@@ -689,8 +686,8 @@ GPU_DECODE = [
     GpuDecodeCase("r2_d512_b64_q1", 2, 512, 64, 1, 5, 11),
     GpuDecodeCase("r2_d512_b64_q6_min", 2, 512, 64, 6, 0, 12),
     GpuDecodeCase("r2_d512_b4096_q6_min", 2, 512, 4096, 6, 0, 13),
-    GpuDecodeCase("r4_d64_b33_q3_ring9", 4, 64, 33, 3, 3, 14),
-    GpuDecodeCase("r8_d192_b17_q5_min", 8, 192, 17, 5, 0, 15),
+    GpuDecodeCase("r2_d64_b33_q3_ring9", 2, 64, 33, 3, 5, 14),
+    GpuDecodeCase("r2_d192_b17_q5_min", 2, 192, 17, 5, 0, 15),
     GpuDecodeCase("r2_d512_b4096_q1", 2, 512, 4096, 1, 0, 16),
 ]
 
@@ -728,7 +725,7 @@ def test_gpu_decode_matches_reference(case):
 
 
 @requires_cuda
-@pytest.mark.parametrize("r", [2, 4])
+@pytest.mark.parametrize("r", [2])
 def test_gpu_kernel_chunking_and_decode_invariance(r):
     """Kernel alone: one long prefill == random chunks == prefill + verification steps, bitwise
     (the same kernel arithmetic on the same inputs, whatever the cut; chunks longer than the ring)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from metadata.checks import check_choice
 from reference.compress import (
     compress_decode_ref,
     compress_decode_torch,
@@ -25,16 +26,17 @@ _CASES = {
     "prefill_r2_d512_mixed": ("prefill", 2, 512, 7,
                               [(5, 9, 6), (0, 4, 1), (1, 3, 0), (37, 37, 3), (64, 200, 2), (1, 1, 7)]),
     "prefill_r2_d512_chunk_over_ring": ("prefill", 2, 512, 2, [(301, 1000, 0), (2, 3, 1)]),
-    "prefill_r4_d64_min_ring": ("prefill", 4, 64, 4, [(13, 15, 3), (3, 3, 0), (2, 6, 1), (40, 41, 2)]),
+    "prefill_r2_d64_min_ring": ("prefill", 2, 64, 2, [(13, 15, 3), (3, 3, 0), (2, 6, 1), (40, 41, 2)]),
     "decode_r2_d512_b8_q1": ("decode", 2, 512, 7, [(s, 2 * s + 3, 1) for s in range(8)]),
     "decode_r2_d512_q6_min_ring": ("decode", 2, 512, 7, [(0, 10, 6), (3, 1, 6), (1, 0, 5), (2, 4, 1)]),
-    "decode_r4_d64_q3": ("decode", 4, 64, 6, [(0, 2, 3), (1, 5, 3), (4, 0, 2)]),
+    "decode_r2_d64_q3_min_ring": ("decode", 2, 64, 4, [(0, 2, 3), (1, 5, 3), (4, 0, 2)]),
 }
 CASES = list(_CASES)
 
 
 def make_inputs(case_id: str, device):
     """Seeded inputs of one case; returns (kind, r, args tuple without the ratio, extra)."""
+    check_choice("case_id", case_id, _CASES)
     kind, r, dim, ring, batch = _CASES[case_id]
     g = torch.Generator().manual_seed(sum(map(ord, case_id)))
     i32 = dict(dtype=torch.int32)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from metadata.cache_format import BF16_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT
+from metadata.checks import check_choice
 from metadata.prepare_tensor_input import SeqMetadata, prepare_tensor_input
 from reference.compress_store import (
     compress_store_decode_ref,
@@ -44,6 +45,7 @@ CASES = list(_CASES)
 
 def make_inputs(case_id: str, device):
     """Seeded inputs of one case: (prefill?, args without out_norm, keyword args, slot_mapping)."""
+    check_choice("case_id", case_id, _CASES)
     prefill, name, ring, batch, interleaved = _CASES[case_id]
     fmt = _FMT[name]
     g = torch.Generator().manual_seed(sum(map(ord, case_id)))

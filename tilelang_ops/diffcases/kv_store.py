@@ -24,6 +24,7 @@ from metadata.cache_format import (
     FP8_MAIN_KV_FORMAT,
     KVCacheFormat,
 )
+from metadata.checks import check_choice
 from reference.kv_store import norm_rope_hadamard_cast_store_ref, norm_rope_hadamard_cast_store_torch
 from tilelang_ops.testing import Comparison, bf16_ulp_distance, compare_bitwise
 
@@ -47,6 +48,7 @@ CASES = list(_CASES)
 
 
 def make_inputs(case_id: str, device):
+    check_choice("case_id", case_id, _CASES)
     name, rows, interleaved, hadamard, rpb, exact = _CASES[case_id]
     fmt = _FMT[name]
     g = torch.Generator().manual_seed(sum(map(ord, case_id)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from metadata.checks import check_choice
 from reference.topk import (
     block_max_scores_ref,
     topk_ref,
@@ -33,6 +34,7 @@ CASES = list(_CASES)
 
 
 def _inputs(case_id, device):
+    check_choice("case_id", case_id, _CASES)
     from tests.test_topk import make_end, make_scores, poison_beyond_end
 
     dist, b, n, k, ends, dtype, mode = _CASES[case_id]
