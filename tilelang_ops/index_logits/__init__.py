@@ -1,0 +1,260 @@
+"""Index logits over the FP4 index cache (SPEC 5): the query-side cast and the scoring kernels.
+
+* ``quantize_index_rows(x)``: x [..., 128] bf16 -> (codes [..., 64] uint8, scales [..., 4] uint8).
+* ``paged_index_logits(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, *,
+  candidate_blocks=None, candidate_block_size=None, clean=False, out=None, config=None)``: decode.
+* ``ragged_index_logits(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, *, clean=False,
+  out=None, config=None)``: prefill over gathered keys.
+
+Results are bitwise those of ``reference.index_logits`` (its docstring fixes the FP32 order). Tuning is an
+``IndexLogitsConfig`` chosen by ``launch_config`` (a pure function of shapes and the SM count), or passed
+as ``config=``. The wrappers read no device value on the host (``TILELANG_OPS_DEBUG=1`` adds the
+references' value checks).
+"""
+
+import functools
+from dataclasses import dataclass, replace
+
+import torch
+
+from metadata.checks import check_cuda, debug_checks_enabled
+from metadata.index_logits_args import (
+    check_paged_args,
+    check_paged_values,
+    check_quantize_args,
+    check_ragged_args,
+    check_ragged_values,
+)
+
+CODE_BYTES, SCALE_BYTES, INDEX_DIM = 64, 4, 128
+ROW_CHOICES = (1, 2, 4, 8)  # query rows per CTA the kernels are built for (n rounds up)
+
+
+@dataclass(frozen=True)
+class IndexLogitsConfig:
+    """One launch of a scoring kernel. ``rows``: query rows per CTA (paged: n rounded up to 1, 2, 4, 8;
+    candidates: 1; ragged: a block of consecutive rows); ``warps``: per CTA (a multiple of ``rows``, whose
+    warps split each step's tiles); ``keys_per_step``: keys through shared memory per step (16 per tile;
+    ``keys_per_step / 16`` a multiple of ``warps / rows``); ``stages``: cp.async ring depth; ``keys_per_cta``:
+    columns one CTA scores (a multiple of ``keys_per_step``; the grid's second dimension splits the width
+    by it)."""
+
+    rows: int = 1
+    warps: int = 4
+    keys_per_step: int = 64
+    stages: int = 4
+    keys_per_cta: int = 4096
+
+    def validate(self) -> None:
+        ok = (self.rows in ROW_CHOICES and self.warps in (1, 2, 4, 8, 16) and self.warps % self.rows == 0
+              and self.keys_per_step % 16 == 0 and (self.keys_per_step // 16) % (self.warps // self.rows) == 0
+              and self.stages >= 2 and self.keys_per_cta > 0 and self.keys_per_cta % self.keys_per_step == 0)
+        if not ok:
+            raise ValueError(f"inconsistent IndexLogitsConfig {self}")
+
+
+CTAS_PER_SM_TARGET = 4  # split the key range until the launch has about this many CTAs per SM
+MAX_KEYS_PER_CTA = 16384
+
+
+def _split(work_rows: int, width: int, kc: int, sms: int) -> int:
+    """Columns per CTA so that work_rows x splits reaches about CTAS_PER_SM_TARGET CTAs per SM."""
+    target = CTAS_PER_SM_TARGET * max(sms, 1)
+    splits = max(1, -(-target // max(work_rows, 1)))
+    kps = -(-max(width, 1) // splits)
+    kps = -(-kps // kc) * kc
+    return max(kc, min(kps, max(MAX_KEYS_PER_CTA, kc)))
+
+
+def launch_config(op: str, *, rows: int, width: int, n: int = 1, sms: int = 132) -> IndexLogitsConfig:
+    """The launch rule. ``op``: "paged" (rows = requests b, n query rows each), "cand" (rows = b * n query
+    rows, one per CTA) or "ragged" (rows = T query rows); ``width``: max_klen / max_width; ``sms``: the
+    device's SM count."""
+    if op == "paged":
+        r = next(c for c in ROW_CHOICES if c >= n)
+        warps = 8 if r == 8 else 4
+        cfg = IndexLogitsConfig(rows=r, warps=warps, keys_per_step=64, stages=4)
+        return replace(cfg, keys_per_cta=_split(rows, width, cfg.keys_per_step, sms))
+    if op == "cand":
+        cfg = IndexLogitsConfig(rows=1, warps=4, keys_per_step=64, stages=4)
+        return replace(cfg, keys_per_cta=_split(rows, width, cfg.keys_per_step, sms))
+    if op == "ragged":
+        cfg = IndexLogitsConfig(rows=4, warps=4, keys_per_step=64, stages=4)
+        return replace(cfg, keys_per_cta=_split(-(-rows // cfg.rows), width, cfg.keys_per_step, sms))
+    raise ValueError(f"launch_config: op must be 'paged', 'cand' or 'ragged', got {op!r}")
+
+
+_PROPS: dict = {}
+
+
+def _sm_count(device) -> int:
+    if device not in _PROPS:
+        _PROPS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _PROPS[device]
+
+
+def kernel_static(mode: str, heads: int, cfg: IndexLogitsConfig, vec16: bool) -> tuple:
+    """The scoring kernel's static arguments (``get_kernel``'s, also the disk-cache key)."""
+    return (mode, heads, cfg.rows, cfg.warps, cfg.keys_per_step, cfg.stages, bool(vec16))
+
+
+@functools.lru_cache(maxsize=None)
+def get_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages: int, vec16: bool):
+    """The compiled scoring kernel (TileLang JIT; cached per static key)."""
+    from tilelang_ops.index_logits.scores import scores_kernel
+
+    return scores_kernel(mode, heads, rows, warps, kc, stages, vec16)
+
+
+@functools.lru_cache(maxsize=None)
+def get_quantize_kernel(threads: int = 128):
+    from tilelang_ops.index_logits.quantize import quantize_kernel
+
+    return quantize_kernel(threads)
+
+
+_DUMMY: dict = {}
+
+
+def _dummy_cand(device, rows: int) -> torch.Tensor:
+    key = (str(device), rows)
+    if key not in _DUMMY:
+        _DUMMY[key] = torch.full((rows, 1), -1, dtype=torch.int32, device=device)
+    return _DUMMY[key]
+
+
+def _aligned(*tensors) -> bool:
+    return all(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch plans: the static key, the kernel's arguments and its grid, shared with the CPU emulator.
+# ----------------------------------------------------------------------------------------------
+
+def paged_plan(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, *, candidate_blocks=None,
+               candidate_block_size=None, clean=False, out=None, config=None, sms=None):
+    """(static key, kernel arguments, grid, logits) of a ``paged_index_logits`` call; the arguments are
+    checked (host-side only)."""
+    geom = check_paged_args(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen,
+                            candidate_blocks=candidate_blocks, candidate_block_size=candidate_block_size,
+                            clean=clean, out=out)
+    dev = q_codes.device
+    cand = candidate_blocks is not None
+    mode = "cand" if cand else "paged"
+    b, n = geom.b, geom.n
+    if config is None:
+        config = launch_config(mode, rows=b if not cand else b * n, width=max_klen, n=n,
+                               sms=sms if sms is not None else _sm_count(dev))
+    config.validate()
+    if not cand and config.rows < n:
+        raise ValueError(f"config.rows={config.rows} is below the {n} query rows per request")
+    if cand and config.rows != 1:
+        raise ValueError(f"candidate restriction scores one row per CTA: config.rows must be 1, got {config.rows}")
+    logits = out if out is not None else torch.empty((b, n, max_klen), dtype=torch.float32, device=dev)
+    vec16 = geom.rows_per_block % 4 == 0 and _aligned(index_cache)
+    static = kernel_static(mode, geom.heads, config, vec16)
+    rows = b * n
+    cand2 = candidate_blocks.reshape(rows, -1).contiguous() if cand else _dummy_cand(dev, rows)
+    args = (q_codes.contiguous().reshape(rows, -1), q_scales.contiguous().reshape(rows, -1),
+            weights.contiguous().reshape(rows, -1), index_cache.reshape(-1), block_tables.contiguous(),
+            klen.contiguous().reshape(-1), cand2, logits.reshape(rows, max_klen), n, geom.rows_per_block,
+            geom.num_blocks, candidate_block_size or 1, config.keys_per_cta, int(clean))
+    grid = (b if not cand else rows, -(-max_klen // config.keys_per_cta))
+    return static, args, grid, logits, geom
+
+
+def ragged_plan(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, *, clean=False, out=None,
+                config=None, sms=None):
+    """(static key, kernel arguments, grid, logits) of a ``ragged_index_logits`` call."""
+    geom = check_ragged_args(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean=clean,
+                             out=out)
+    dev = q_codes.device
+    if config is None:
+        config = launch_config("ragged", rows=geom.t, width=max_width,
+                               sms=sms if sms is not None else _sm_count(dev))
+    config.validate()
+    logits = out if out is not None else torch.empty((geom.t, max_width), dtype=torch.float32, device=dev)
+    k_codes, k_scales = k_codes.contiguous(), k_scales.contiguous()
+    static = kernel_static("ragged", geom.heads, config, _aligned(k_codes))
+    args = (q_codes.contiguous().reshape(geom.t, -1), q_scales.contiguous().reshape(geom.t, -1),
+            weights.contiguous(), k_codes, k_scales, ks.contiguous(), ke.contiguous(), logits, max_width,
+            config.keys_per_cta, int(clean))
+    grid = (-(-geom.t // config.rows), -(-max_width // config.keys_per_cta))
+    return static, args, grid, logits, geom
+
+
+# ----------------------------------------------------------------------------------------------
+# Public wrappers.
+# ----------------------------------------------------------------------------------------------
+
+def quantize_index_rows(x):
+    """x [..., 128] bf16 -> (codes [..., 64] uint8, scales [..., 4] uint8): the index format's e2m1 /
+    UE8M0 / group-32 cast (SPEC 2), bitwise ``reference.index_logits.quantize_index_rows_ref``."""
+    lead = check_quantize_args(x)
+    check_cuda(x=x)
+    rows = x.reshape(-1, INDEX_DIM).contiguous()
+    codes = torch.empty((rows.shape[0], CODE_BYTES), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((rows.shape[0], SCALE_BYTES), dtype=torch.uint8, device=x.device)
+    if rows.shape[0]:
+        get_quantize_kernel()(rows, codes, scales)
+    return codes.reshape(*lead, CODE_BYTES), scales.reshape(*lead, SCALE_BYTES)
+
+
+def paged_index_logits(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, *,
+                       candidate_blocks=None, candidate_block_size=None, clean=False, out=None, config=None):
+    """logits[r, t, j] = sum_h w[r, t, h] relu(q[r, t, h] . k[row j of request r]) for j < klen[r, t].
+
+    q_codes [b, n, H, 64] uint8, q_scales [b, n, H, 4] uint8, weights [b, n, H] fp32 (H 32 or 64, n 1-8),
+    index_cache [num_blocks, Bc * 68] uint8, block_tables [b, max_blocks] int32, klen [b, n] int32,
+    max_klen host int; candidate_blocks [b, n, c] int32 and candidate_block_size 8 / 16: column i scores
+    logical row blocks[i // bs] * bs + i % bs (-inf for a block of -1). Columns >= klen are left unwritten
+    unless clean (-inf). Returns logits [b, n, max_klen] fp32 (``out`` when given).
+    """
+    static, args, grid, logits, geom = paged_plan(
+        q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks=candidate_blocks,
+        candidate_block_size=candidate_block_size, clean=clean, out=out, config=config)
+    check_cuda(q_codes=q_codes, index_cache=index_cache, block_tables=block_tables, klen=klen, out=logits)
+    if debug_checks_enabled():
+        check_paged_values(block_tables, klen, geom, candidate_blocks)
+    if geom.b == 0 or max_klen == 0:
+        return logits
+    get_kernel(*static)(*args)
+    return logits
+
+
+def ragged_index_logits(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, *, clean=False,
+                        out=None, config=None):
+    """logits[t, i] = sum_h w[t, h] relu(q[t, h] . k[ks[t] + i]) for i < ke[t] - ks[t].
+
+    q_codes [T, H, 64] uint8, q_scales [T, H, 4] uint8, weights [T, H] fp32, k_codes [N, 64] uint8,
+    k_scales [N, 4] uint8, ks / ke [T] int32, max_width host int. Columns >= ke - ks are left unwritten
+    unless clean (-inf). Returns logits [T, max_width] fp32; top-k takes end = ke - ks and
+    output_idx_offset = ks.
+    """
+    static, args, grid, logits, geom = ragged_plan(q_codes, q_scales, weights, k_codes, k_scales, ks, ke,
+                                                   max_width, clean=clean, out=out, config=config)
+    check_cuda(q_codes=q_codes, k_codes=k_codes, ks=ks, ke=ke, out=logits)
+    if debug_checks_enabled():
+        check_ragged_values(ks, ke, geom)
+    if geom.t == 0 or max_width == 0 or geom.num_keys == 0 and not clean:
+        return logits
+    if geom.num_keys == 0:  # nothing to score; the kernels need a key tensor to point at
+        logits.fill_(float("-inf"))
+        return logits
+    get_kernel(*static)(*args)
+    return logits
+
+
+def build_configs() -> list[tuple]:
+    """(name, factory, static arguments) of the kernel configurations the sm_90a build check compiles:
+    every mode the launch rule picks, both head counts, the 4-byte copy path."""
+    from tilelang_ops.index_logits.quantize import quantize_kernel
+    from tilelang_ops.index_logits.scores import scores_kernel
+
+    configs = [("quantize", quantize_kernel, (128,))]
+    for name, mode, heads, n, vec16 in (("paged H64 n1", "paged", 64, 1, True), ("paged H64 n4", "paged", 64, 4, True),
+                                        ("paged H32 n8", "paged", 32, 8, True), ("paged H64 n2 vec4", "paged", 64, 2, False),
+                                        ("cand H64", "cand", 64, 1, True), ("ragged H64", "ragged", 64, 1, True)):
+        cfg = launch_config(mode, rows=64, width=65536, n=n)
+        configs.append((name, scores_kernel, kernel_static(mode, heads, cfg, vec16)))
+    return configs

@@ -1,0 +1,508 @@
+"""TileLang kernel: index scores over FP4 index rows on the integer tensor cores (SPEC 5), for the paged
+decode cache (``paged``), its candidate-restricted form (``cand``) and gathered prefill keys (``ragged``).
+
+**Arithmetic.** Doubled e2m1 codes are integers (|2v| <= 12). For a key whose four block exponents lie
+within 3 binades of its largest (``Ek``) the block with exponent e is shifted left by 3 + e - Ek, and the
+same for a query head: then ``Y = sum_b dot4_b 2^(6 + rel_k + rel_q)`` (``reference.index_logits``, step 3)
+is one integer dot product of u8 x s8 vectors of length 128 (|values| <= 96, |Y| < 2^21), which four chained
+``mma.m16n8k32.u8.s8.s32`` compute exactly. Keys are stored as u8 ``128 + x``: the bias adds
+``128 * sum_k b_k`` per head, which the accumulator's start value (the C operand) removes. The head term
+``fma(relu(Y), Wq, p)`` is one IMNMX and one FFMA: ``relu(Y)`` as integer bits is the FP32 number
+``relu(Y) * 2^-149`` (a subnormal, exact), and ``Wq * 2^149`` (exact unless it overflows) gives the same
+real product, so the FMA rounds exactly as the reference's. A tile of 16 keys with a wider key, or a
+query row with a wider head or an overflowing ``Wq * 2^149``, takes the general path: one MMA per block
+(exact ``D_b``), ``t_b = fp32(D_b 2^c)`` in double (c: the exponent the shifts left over), the reference's
+FP32 sums, ``fma(relu(Y), Wq, p)``. Both paths produce the reference's bits.
+
+**Layout.** A CTA (``warps`` warps) serves ``rows`` query rows (a request's n rows; one candidate row; a
+block of prefill rows) over a range of keys, ``kc`` keys per step through a ``stages``-deep cp.async ring:
+raw FP4 rows land in shared memory, every thread converts its share of (key pair, block) to the MMA's A
+fragments (u8, in fragment order, so one 16-byte load gives a lane its four registers), then warp w scores
+tiles of 16 keys against row ``w % rows``, whose B fragments (s8 query codes, H x 128 bytes) it holds in
+registers for the whole launch. The D fragment puts a lane's two keys (g, g + 8) and two heads (2q, 2q + 1)
+of each 8-head N-tile in its registers, so the head sum runs in the lane and then over the quad (two
+shuffles), in the reference's order.
+"""
+
+
+import tilelang
+import tilelang.language as T
+
+from tilelang_ops.index_logits.ptx import PRELUDE
+
+ROW_BYTES, CODE_BYTES, SCALE_BYTES = 68, 64, 4
+NOSHIFT = 0xC8C8C8C8  # packed residual exponents of a key / head without residual: 4 x (0 + 200)
+RES_BIAS = 200  # residual exponents are stored as bytes c + 200, c clamped to [-200, 3]
+T0, T1 = 0x03020100, 0x0C080604  # doubled e2m1 magnitudes of codes 0-3 / 4-7, one per byte
+Q_OFFSET, K_OFFSET = 160, 102  # reference.index_logits: Wq = w 2^(Eq - 160), I = S 2^(Ek - 102)
+HMETA_WORDS = 8  # per (row, head): 4 block biases, Wq bits, packed residuals, 2 spare
+PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True,
+                tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True,
+                tilelang.PassConfigKey.TL_DISABLE_SHARED_MEMORY_REUSE: True}
+
+
+def smem_words(heads: int, rows: int, kc: int, stages: int) -> dict:
+    """Offsets (in 32-bit words) of the shared-memory regions and the total."""
+    off, size = {}, 0
+    for name, words in (("raw", stages * kc * 16), ("rsc", stages * kc), ("rfl", stages * kc),
+                        ("conv", kc * 32), ("meta", kc * 2), ("hmeta", rows * heads * HMETA_WORDS)):
+        off[name] = size
+        size += words
+    off["total"] = size
+    return off
+
+
+def _u32(v: int):
+    return T.uint32(v)
+
+
+def _byte(w, k: int):
+    """Byte k of the uint32 w as int32."""
+    return T.Cast("int32", (w >> _u32(8 * k)) & _u32(0xFF))
+
+
+def _max4(w):
+    return T.max(T.max(_byte(w, 0), _byte(w, 1)), T.max(_byte(w, 2), _byte(w, 3)))
+
+
+def _min4(w):
+    return T.min(T.min(_byte(w, 0), _byte(w, 1)), T.min(_byte(w, 2), _byte(w, 3)))
+
+
+def _prmt(a, b, c):
+    return T.call_extern("uint32", "il_prmt", a, b, c)
+
+
+def _biased_u8(w, t0, t1, half: int):
+    """Codes 4 half .. 4 half + 3 of the code word w as bytes 128 + x, x = +-(2v << shift) (t0 / t1: the
+    shifted magnitude table). PRMT with the raw code as selector gives the magnitude of a positive code
+    and 0 for a negative one (its sign bit replicates a byte < 128); with the sign flipped the other way
+    round; 0x80 + P - N never borrows across bytes (|x| <= 96)."""
+    sel = w if half == 0 else w >> _u32(16)
+    flip = (w ^ _u32(0x88888888)) if half == 0 else ((w ^ _u32(0x88888888)) >> _u32(16))
+    return _u32(0x80808080) + _prmt(t0, t1, sel) - _prmt(t0, t1, flip)
+
+
+def _residual_pack(sw, big):
+    """Packed bytes clamp(3 + e_b - big, -200, 3) + 200 of the scale word sw (the exponents a wide row's
+    unshifted blocks leave)."""
+    acc = _u32(0)
+    for b in range(4):
+        c = T.max(3 + _byte(sw, b) - big, -RES_BIAS) + RES_BIAS
+        acc = acc | (T.Cast("uint32", c) << _u32(8 * b))
+    return acc
+
+
+def _shift(sw, big, wide, b: int):
+    """The left shift of block b: 3 + e_b - big (in [0, 3]) for a row within 3 binades, else 0."""
+    return T.Cast("uint32", T.if_then_else(wide, 0, 3 + _byte(sw, b) - big))
+
+
+@tilelang.jit(pass_configs=PASS_CONFIGS)
+def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages: int, vec16: bool):
+    """The scoring kernel for ``mode`` in ("paged", "cand", "ragged"); see the module docstring.
+    ``rows``: query rows per CTA (paged: n rounded up to 1, 2, 4 or 8); ``kc``: keys per step; ``vec16``:
+    16-byte copies of the key rows (else 4-byte: cache blocks of Bc % 4 != 0 rows)."""
+    assert mode in ("paged", "cand", "ragged") and heads in (32, 64) and stages >= 2
+    threads = 32 * warps
+    wpr = warps // rows  # warps per query row
+    tiles = kc // 16
+    assert warps % rows == 0 and tiles % wpr == 0, (warps, rows, kc)
+    tpw = tiles // wpr  # tiles per warp per step
+    ntiles = heads // 8  # N-tiles of 8 heads
+    groups = heads // 32
+    lay = smem_words(heads, rows, kc, stages)
+    kpt = -(-kc // threads)  # keys a thread issues per step
+    cjobs = -(-(2 * kc) // threads)  # conversion jobs (key pair, block) per thread per step
+    neg_inf = T.reinterpret(_u32(0xFF800000), "float32")
+
+    nq, cache_bytes, nkeys, nb_rows, mb, ncol, ncand = T.dynamic("nq, cache_bytes, nkeys, nb_rows, mb, ncol, ncand")
+
+    def src_addr(src, off, byte):
+        """Address of byte ``byte`` of key data: the flat cache at offset off (paged), or row off of the
+        gathered keys (ragged)."""
+        if mode == "ragged":
+            return T.address_of(src[off, byte])
+        return T.address_of(src[off + byte])
+
+    @T.macro
+    def load_step(sm, src_codes, src_scales, table, cand, s_start, s_end, stage, bidx, row0, bc, num_blocks,
+                  max_blocks, cbs, nkey_total, tx):
+        """cp.async of the keys [s_start, s_start + kc) (those >= s_end: nothing) into raw stage ``stage``;
+        rfl = 1 for a key in range that cannot be resolved (it scores -inf)."""
+        for it in T.unroll(kpt):
+            i = tx + it * threads
+            if i < kc:
+                key = s_start + i
+                live = key < s_end
+                ok = T.alloc_var("bool")
+                dsrc = T.alloc_var("int64")
+                ssrc = T.alloc_var("int64")
+                ok = live
+                dsrc = T.int64(0)
+                ssrc = T.int64(0)
+                if mode == "ragged":
+                    ok = live and key >= 0 and key < nkey_total
+                    dsrc = T.Cast("int64", T.if_then_else(ok, key, 0))
+                    ssrc = dsrc
+                else:
+                    lrow = T.alloc_var("int32")
+                    lrow = key
+                    if mode == "cand":
+                        cb = T.if_then_else(live, cand[row0, key // cbs], -1)
+                        ok = live and cb >= 0
+                        lrow = cb * cbs + key % cbs
+                    tb = lrow // bc
+                    ok = ok and tb < max_blocks
+                    phys = T.if_then_else(ok, table[bidx, T.min(tb, max_blocks - 1)], 0)
+                    ok = ok and phys >= 0 and phys < num_blocks
+                    base = T.Cast("int64", T.if_then_else(ok, phys, 0)) * bc * ROW_BYTES
+                    dsrc = base + T.Cast("int64", lrow % bc) * CODE_BYTES
+                    ssrc = base + T.Cast("int64", bc) * CODE_BYTES + T.Cast("int64", lrow % bc) * SCALE_BYTES
+                dsrc = T.if_then_else(ok, dsrc, T.int64(0))
+                ssrc = T.if_then_else(ok, ssrc, T.int64(0))
+                dst = lay["raw"] + (stage * kc + i) * 16
+                if vec16:
+                    for d in T.unroll(4):
+                        T.call_extern("handle", "il_cp16", T.address_of(sm[dst + 4 * d]),
+                                      src_addr(src_codes, dsrc, 16 * d), T.if_then_else(ok, 16, 0))
+                else:
+                    for d in T.unroll(16):
+                        T.call_extern("handle", "il_cp4", T.address_of(sm[dst + d]),
+                                      src_addr(src_codes, dsrc, 4 * d), T.if_then_else(ok, 4, 0))
+                T.call_extern("handle", "il_cp4", T.address_of(sm[lay["rsc"] + stage * kc + i]),
+                              src_addr(src_scales, ssrc, 0), T.if_then_else(ok, 4, 0))
+                sm[lay["rfl"] + stage * kc + i] = T.if_then_else(live and not ok, _u32(1), _u32(0))
+        T.call_extern("handle", "il_cp_commit")
+
+    @T.macro
+    def convert_step(sm, stage, tx):
+        """Raw stage -> A fragments (conv) and per-key meta. Job (tile m, g, block kb): keys 16 m + g and
+        16 m + g + 8, code words 4 kb .. 4 kb + 3, i.e. a0 / a2 (key g) and a1 / a3 (key g + 8) of lanes
+        4 g + w; lane slot (4 g + w) ^ kb keeps the 16-byte stores and the MMA warps' loads conflict-free."""
+        raw = T.alloc_local([8], "uint32")
+        frag = T.alloc_local([4], "uint32")
+        tab = T.alloc_local([4], "uint32")
+        swv = T.alloc_local([2], "uint32")
+        bigv = T.alloc_local([2], "int32")
+        widev = T.alloc_local([2], "bool")
+        for it in T.unroll(cjobs):
+            job = tx + it * threads
+            if job < 2 * kc:
+                kb = job % 4
+                g = (job // 4) % 8
+                m = job // 32
+                for h in T.unroll(2):
+                    i = 16 * m + g + 8 * h
+                    for v in T.vectorized(4):
+                        raw[4 * h + v] = sm[lay["raw"] + (stage * kc + i) * 16 + 4 * kb + v]
+                    swv[h] = sm[lay["rsc"] + stage * kc + i]
+                    bigv[h] = _max4(swv[h])
+                    widev[h] = bigv[h] - _min4(swv[h]) > 3
+                    sh = T.Cast("uint32", T.if_then_else(widev[h], 0, 3 + T.Cast(
+                        "int32", (swv[h] >> (T.Cast("uint32", kb) * _u32(8))) & _u32(0xFF)) - bigv[h]))
+                    tab[2 * h] = _u32(T0) << sh
+                    tab[2 * h + 1] = _u32(T1) << sh
+                for w in T.unroll(4):
+                    for h in T.unroll(2):
+                        frag[h] = _biased_u8(raw[4 * h + w], tab[2 * h], tab[2 * h + 1], 0)
+                        frag[2 + h] = _biased_u8(raw[4 * h + w], tab[2 * h], tab[2 * h + 1], 1)
+                    slot = (m * 4 + kb) * 32 + ((4 * g + w) ^ kb)
+                    for v in T.vectorized(4):
+                        sm[lay["conv"] + slot * 4 + v] = frag[v]
+                if kb == 0:
+                    for h in T.unroll(2):
+                        i = 16 * m + g + 8 * h
+                        sm[lay["meta"] + 2 * i] = T.if_then_else(widev[h], _residual_pack(swv[h], bigv[h]),
+                                                                 _u32(NOSHIFT))
+                        sm[lay["meta"] + 2 * i + 1] = T.Cast("uint32", bigv[h]) | (
+                            sm[lay["rfl"] + stage * kc + i] << _u32(8))
+
+    @T.macro
+    def query_prologue(sm, q_codes, q_scales, weights, qrow, trow, bq, cfe, w2e, fast, lane, lead):
+        """B fragments (bq) of query row ``qrow`` (flat index), the fast path's per-column constants (cfe:
+        accumulator start values, w2e: 2^149 Wq) and the row's fast-path flag; the row's head meta go to
+        shared memory (``lead``: this warp writes them)."""
+        g = lane // 4
+        q = lane % 4
+        cf = T.alloc_local([ntiles], "int32")
+        w2 = T.alloc_local([ntiles], "float32")
+        okv = T.alloc_var("int32")
+        part = T.alloc_var("int32")
+        tot = T.alloc_var("int32")
+        okv = 1
+        for nt in T.unroll(ntiles):
+            h = 8 * nt + g
+            sw = T.call_extern("uint32", "il_ld32", T.address_of(q_scales[qrow, h * SCALE_BYTES]))
+            big = _max4(sw)
+            wide = big - _min4(sw) > 3
+            tot = 0
+            for kb in T.unroll(4):
+                sh = _shift(sw, big, wide, kb)
+                t0 = _u32(T0) << sh
+                t1 = _u32(T1) << sh
+                word = T.call_extern("uint32", "il_ld32",
+                                     T.address_of(q_codes[qrow, h * CODE_BYTES + 16 * kb + 4 * q]))
+                bq[(nt * 4 + kb) * 2] = _biased_u8(word, t0, t1, 0) ^ _u32(0x80808080)
+                bq[(nt * 4 + kb) * 2 + 1] = _biased_u8(word, t0, t1, 1) ^ _u32(0x80808080)
+                part = T.call_extern("int32", "il_dp4a", bq[(nt * 4 + kb) * 2], _u32(0x01010101)) + \
+                    T.call_extern("int32", "il_dp4a", bq[(nt * 4 + kb) * 2 + 1], _u32(0x01010101))
+                part = part + T.shfl_xor(part, 1)
+                part = part + T.shfl_xor(part, 2)
+                tot = tot + part
+                if lead and q == 0:
+                    sm[lay["hmeta"] + (trow * heads + h) * HMETA_WORDS + kb] = T.reinterpret(part * -128,
+                                                                                            "uint32")
+            cf[nt] = tot * -128
+            wq = T.call_extern("float32", "il_pow2_scale", T.Cast("float64", weights[qrow, h]),
+                               big - Q_OFFSET)
+            w2[nt] = T.call_extern("float32", "il_w_denorm", wq)
+            overflow = T.abs(w2[nt]) == T.reinterpret(_u32(0x7F800000), "float32") and T.abs(wq) < T.reinterpret(
+                _u32(0x7F800000), "float32")
+            if wide or overflow:
+                okv = 0
+            if lead and q == 0:
+                sm[lay["hmeta"] + (trow * heads + h) * HMETA_WORDS + 4] = T.reinterpret(wq, "uint32")
+                sm[lay["hmeta"] + (trow * heads + h) * HMETA_WORDS + 5] = T.if_then_else(
+                    wide, _residual_pack(sw, big), _u32(NOSHIFT))
+        fast[0] = T.call_extern("int32", "il_all", okv)
+        for nt in T.unroll(ntiles):
+            for c in T.unroll(2):
+                cfe[nt * 2 + c] = T.shfl_sync(cf[nt], 4 * (2 * q + c))
+                w2e[nt * 2 + c] = T.shfl_sync(w2[nt], 4 * (2 * q + c))
+
+    @T.macro
+    def score_tile(sm, m, trow, bq, cfe, w2e, fast, lane, res):
+        """res[0], res[1]: I of keys 16 m + g and 16 m + g + 8 of the step for row trow (every lane of a
+        quad holds both)."""
+        g = lane // 4
+        q = lane % 4
+        af = T.alloc_local([16], "uint32")
+        dd = T.alloc_local([4], "int32")
+        db = T.alloc_local([16], "int32")
+        p = T.alloc_local([2 * groups], "float32")
+        s = T.alloc_local([2 * groups], "float32")
+        y = T.alloc_var("float32")
+        for kb in T.unroll(4):
+            for v in T.vectorized(4):
+                af[kb * 4 + v] = sm[lay["conv"] + ((m * 4 + kb) * 32 + (lane ^ kb)) * 4 + v]
+        ck_lane = sm[lay["meta"] + 2 * (16 * m + lane % 16)]
+        wide = T.call_extern("int32", "il_any", T.if_then_else(lane < 16 and ck_lane != _u32(NOSHIFT), 1, 0))
+        for i in T.unroll(2 * groups):
+            p[i] = T.float32(0)
+        if wide == 0 and fast[0] != 0:
+            for nt in T.unroll(ntiles):
+                T.call_extern("handle", "il_mma", T.address_of(dd[0]), T.address_of(af[0]),
+                              T.address_of(bq[nt * 8]), cfe[nt * 2], cfe[nt * 2 + 1], cfe[nt * 2],
+                              cfe[nt * 2 + 1])
+                for kb in T.unroll(1, 4):
+                    T.call_extern("handle", "il_mma", T.address_of(dd[0]), T.address_of(af[kb * 4]),
+                                  T.address_of(bq[nt * 8 + kb * 2]), dd[0], dd[1], dd[2], dd[3])
+                for e in T.unroll(4):
+                    p[(nt // 4) * 2 + e // 2] = T.ieee_fmaf(T.reinterpret(T.max(dd[e], 0), "float32"),
+                                                           w2e[nt * 2 + e % 2], p[(nt // 4) * 2 + e // 2])
+        else:
+            ck = T.alloc_local([2], "uint32")
+            for h in T.unroll(2):
+                ck[h] = sm[lay["meta"] + 2 * (16 * m + g + 8 * h)]
+            for nt in T.unroll(ntiles):
+                hm0 = lay["hmeta"] + (trow * heads + 8 * nt + 2 * q) * HMETA_WORDS
+                for kb in T.unroll(4):
+                    c0 = T.reinterpret(sm[hm0 + kb], "int32")
+                    c1 = T.reinterpret(sm[hm0 + HMETA_WORDS + kb], "int32")
+                    T.call_extern("handle", "il_mma", T.address_of(db[kb * 4]), T.address_of(af[kb * 4]),
+                                  T.address_of(bq[nt * 8 + kb * 2]), c0, c1, c0, c1)
+                for e in T.unroll(4):
+                    cq = sm[hm0 + (e % 2) * HMETA_WORDS + 5]
+                    for kb in T.unroll(4):
+                        tb = T.call_extern("float32", "il_pow2_scale", T.Cast("float64", db[kb * 4 + e]),
+                                           _byte(ck[e // 2], kb) + _byte(cq, kb) - 2 * RES_BIAS)
+                        if kb == 0:
+                            y = tb
+                        else:
+                            y = T.ieee_add(y, tb)
+                    p[(nt // 4) * 2 + e // 2] = T.ieee_fmaf(
+                        T.max(y, T.float32(0)), T.reinterpret(sm[hm0 + (e % 2) * HMETA_WORDS + 4], "float32"),
+                        p[(nt // 4) * 2 + e // 2])
+        for i in T.unroll(2 * groups):
+            s[i] = T.ieee_add(p[i], T.shfl_xor(p[i], 1))
+            s[i] = T.ieee_add(s[i], T.shfl_xor(s[i], 2))
+        for h in T.unroll(2):
+            ekw = sm[lay["meta"] + 2 * (16 * m + g + 8 * h) + 1]
+            tot = s[h] if groups == 1 else T.ieee_add(s[h], s[2 + h])
+            res[h] = T.if_then_else((ekw >> _u32(8)) != _u32(0), neg_inf, T.call_extern(
+                "float32", "il_key_scale", tot, T.Cast("int32", ekw & _u32(0xFF)) - K_OFFSET))
+
+    def steps(lo, hi):
+        return T.if_then_else(hi > lo, (hi - lo + kc - 1) // kc, 0)
+
+    @T.macro
+    def main_loop(sm, src_codes, src_scales, table, cand, q_codes, q_scales, weights, out, bidx, row0, nrows,
+                  j_lo, j_hi, rlo, rhi, col_shift, out_row0, ld_out, bc, num_blocks, max_blocks, cbs, nkey_total):
+        """Score keys [j_lo, j_hi) against the CTA's rows: row t (t < nrows; flat query row row0 + t) keeps
+        keys [rlo[t], rhi[t]) and writes key j to out[(out_row0 + t) * ld_out + j - col_shift[t]]."""
+        tx = T.get_thread_binding()
+        warp = tx // 32
+        lane = tx % 32
+        trow = warp % rows
+        tsel = warp // rows
+        bq = T.alloc_local([ntiles * 8], "uint32")
+        cfe = T.alloc_local([ntiles * 2], "int32")
+        w2e = T.alloc_local([ntiles * 2], "float32")
+        fast = T.alloc_local([1], "int32")
+        res = T.alloc_local([2], "float32")
+        my_lo = T.alloc_var("int32")
+        my_hi = T.alloc_var("int32")
+        my_sft = T.alloc_var("int32")
+        my_lo = 0
+        my_hi = 0
+        my_sft = 0
+        for t in T.unroll(rows):
+            if trow == t:
+                my_lo = rlo[t]
+                my_hi = rhi[t]
+                my_sft = col_shift[t]
+        nsteps = steps(j_lo, j_hi)
+        for s in T.unroll(stages - 1):
+            if s < nsteps:
+                load_step(sm, src_codes, src_scales, table, cand, j_lo + s * kc, j_hi, s, bidx, row0, bc,
+                          num_blocks, max_blocks, cbs, nkey_total, tx)
+            else:
+                T.call_extern("handle", "il_cp_commit")
+        if trow < nrows and nsteps > 0:
+            query_prologue(sm, q_codes, q_scales, weights, row0 + trow, trow, bq, cfe, w2e, fast, lane,
+                           tsel == 0)
+        for s in T.serial(nsteps):
+            T.call_extern("handle", f"il_cp_wait<{stages - 2}>")
+            T.sync_threads()
+            if s + stages - 1 < nsteps:
+                load_step(sm, src_codes, src_scales, table, cand, j_lo + (s + stages - 1) * kc, j_hi,
+                          (s + stages - 1) % stages, bidx, row0, bc, num_blocks, max_blocks, cbs, nkey_total, tx)
+            else:
+                T.call_extern("handle", "il_cp_commit")
+            convert_step(sm, s % stages, tx)
+            T.sync_threads()
+            if trow < nrows:
+                for u in T.unroll(tpw):
+                    m = tsel + u * wpr
+                    j = j_lo + s * kc + 16 * m
+                    if j < my_hi and j + 16 > my_lo:
+                        score_tile(sm, m, trow, bq, cfe, w2e, fast, lane, res)
+                        if lane % 4 < 2:
+                            key = j + lane // 4 + 8 * (lane % 4)
+                            if key >= my_lo and key < my_hi:
+                                out[out_row0 + trow, key - my_sft] = T.if_then_else(
+                                    lane % 4 == 0, res[0], res[1])
+
+    return _entry(mode, heads, rows, threads, lay, main_loop, (nq, cache_bytes, nkeys, nb_rows, mb, ncol, ncand),
+                  neg_inf)
+
+
+def _entry(mode, heads, rows, threads, lay, main_loop, dyn, neg_inf):
+    """The prim_func of ``mode``: the CTA's rows and key range, the main loop, the clean fill."""
+    nq, cache_bytes, nkeys, nb_rows, mb, ncol, ncand = dyn
+    if mode == "ragged":
+        @T.prim_func
+        def ragged(
+            q_codes: T.Tensor((nq, heads * CODE_BYTES), "uint8"),  # [T, H, 64] uint8 as [T, H * 64]
+            q_scales: T.Tensor((nq, heads * SCALE_BYTES), "uint8"),  # [T, H, 4] uint8 as [T, H * 4]
+            weights: T.Tensor((nq, heads), "float32"),  # [T, H] fp32
+            k_codes: T.Tensor((nkeys, CODE_BYTES), "uint8"),  # [N, 64] uint8
+            k_scales: T.Tensor((nkeys, SCALE_BYTES), "uint8"),  # [N, 4] uint8
+            ks: T.Tensor((nq,), "int32"),  # [T] int32
+            ke: T.Tensor((nq,), "int32"),  # [T] int32
+            out: T.Tensor((nq, ncol), "float32"),  # [T, max_width] fp32
+            max_width: T.int32,
+            kps: T.int32,  # columns per CTA
+            clean: T.int32,
+        ):
+            with T.Kernel(T.ceildiv(nq, rows), T.ceildiv(max_width, kps), threads=threads,
+                          prelude=PRELUDE) as (bx, by):
+                sm = T.alloc_shared([lay["total"]], "uint32")
+                rlo = T.alloc_local([rows], "int32")
+                rhi = T.alloc_local([rows], "int32")
+                sft = T.alloc_local([rows], "int32")
+                jlo = T.alloc_var("int32")
+                jhi = T.alloc_var("int32")
+                c0 = by * kps
+                c1 = T.min(c0 + kps, max_width)
+                nrows = T.min(rows, nq - bx * rows)
+                jlo = 2147483647
+                jhi = -2147483647
+                for t in T.unroll(rows):
+                    sft[t] = 0
+                    rlo[t] = 0
+                    rhi[t] = 0
+                    if t < nrows:
+                        width = T.min(T.max(ke[bx * rows + t] - ks[bx * rows + t], 0), max_width)
+                        sft[t] = ks[bx * rows + t]
+                        rlo[t] = sft[t] + c0
+                        rhi[t] = sft[t] + T.min(c1, width)
+                        if rhi[t] > rlo[t]:
+                            jlo = T.min(jlo, rlo[t])
+                            jhi = T.max(jhi, rhi[t])
+                if jhi < jlo:
+                    jlo = 0
+                    jhi = 0
+                main_loop(sm, k_codes, k_scales, ks, ks, q_codes, q_scales, weights, out, bx, bx * rows,
+                          nrows, jlo, jhi, rlo, rhi, sft, bx * rows, ncol, 1, 1, 1, 1, nkeys)
+                if clean != 0:
+                    tx = T.get_thread_binding()
+                    for t in T.unroll(rows):
+                        if t < nrows:
+                            lo = T.max(c0, rhi[t] - sft[t])
+                            for it in T.serial(T.ceildiv(T.max(c1 - lo, 0), threads)):
+                                col = lo + it * threads + tx
+                                if col < c1:
+                                    out[bx * rows + t, col] = neg_inf
+        return ragged
+
+    @T.prim_func
+    def paged(
+        q_codes: T.Tensor((nq, heads * CODE_BYTES), "uint8"),  # [b, n, H, 64] uint8 as [b * n, H * 64]
+        q_scales: T.Tensor((nq, heads * SCALE_BYTES), "uint8"),  # [b, n, H, 4] uint8 as [b * n, H * 4]
+        weights: T.Tensor((nq, heads), "float32"),  # [b, n, H] fp32 as [b * n, H]
+        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks, Bc * 68] uint8, flat
+        table: T.Tensor((nb_rows, mb), "int32"),  # [b, max_blocks] int32
+        klen: T.Tensor((nq,), "int32"),  # [b, n] int32 as [b * n]
+        cand: T.Tensor((nq, ncand), "int32"),  # [b, n, c] int32 as [b * n, c] ([b * n, 1] when unused)
+        out: T.Tensor((nq, ncol), "float32"),  # [b, n, max_klen] fp32 as [b * n, max_klen]
+        n: T.int32,  # query rows per request
+        bc: T.int32,  # rows per cache block
+        num_blocks: T.int32,
+        cbs: T.int32,  # candidate block size (cand)
+        kps: T.int32,  # keys (columns) per CTA
+        clean: T.int32,
+    ):
+        # grid x: requests (cand: query rows), y: column splits
+        with T.Kernel(nb_rows if mode == "paged" else nq, T.ceildiv(ncol, kps), threads=threads,
+                      prelude=PRELUDE) as (bx, by):
+            sm = T.alloc_shared([lay["total"]], "uint32")
+            rlo = T.alloc_local([rows], "int32")
+            rhi = T.alloc_local([rows], "int32")
+            sft = T.alloc_local([rows], "int32")
+            jhi = T.alloc_var("int32")
+            j0 = by * kps
+            j1 = T.min(j0 + kps, ncol)
+            nrows = n if mode == "paged" else 1
+            row0 = bx * n if mode == "paged" else bx
+            req = bx if mode == "paged" else bx // n
+            jhi = j0
+            for t in T.unroll(rows):
+                sft[t] = 0
+                rlo[t] = j0
+                rhi[t] = j0
+                if t < nrows:
+                    rhi[t] = T.max(j0, T.min(j1, klen[row0 + t]))
+                    jhi = T.max(jhi, rhi[t])
+            main_loop(sm, cache, cache, table, cand, q_codes, q_scales, weights, out, req, row0, nrows, j0, jhi,
+                      rlo, rhi, sft, row0, ncol, bc, num_blocks, mb, cbs, 0)
+            if clean != 0:
+                tx = T.get_thread_binding()
+                for t in T.unroll(rows):
+                    if t < nrows:
+                        for it in T.serial(T.ceildiv(j1 - rhi[t], threads)):
+                            col = rhi[t] + it * threads + tx
+                            if col < j1:
+                                out[row0 + t, col] = neg_inf
+    return paged
