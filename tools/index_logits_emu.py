@@ -227,7 +227,8 @@ def emulate_ragged(*, config=None, sms=132, seed=0, **kw):
         return logits
     q, qs, w, kc, ksc, ks, ke, out, max_width, kps, clean = args
     vals = dict(q_codes=q, q_scales=qs, weights=w, k_codes=kc, k_scales=ksc, ks=ks, ke=ke, out=out,
-                max_width=max_width, kps=kps, clean=clean, nq=q.shape[0], nkeys=kc.shape[0], ncol=out.shape[1],
+                max_width=max_width, kps=kps, clean=clean, nq=q.shape[0], nkeys=kc.shape[0], nkey_total=kc.shape[0],
+                ncol=out.shape[1],
                 ld_out=out.shape[1])
     _run(_library(scores_kernel, static, "il_ragged"), vals, grid, 32 * static[3], seed)
     return logits
