@@ -110,8 +110,9 @@ def fma32(a: np.float32, b: np.float32, c: np.float32) -> np.float32:
 
 
 def pow2_scale(x, e: int) -> np.float32:
-    """fp32(x * 2^e), rounded once (the double product is exact)."""
-    return np.float32(math.ldexp(float(x), e))
+    """fp32(x * 2^e), rounded once (the double product is exact; beyond the FP32 range: inf)."""
+    with np.errstate(over="ignore"):
+        return np.float32(math.ldexp(float(x), e))
 
 
 def key_score(q2: list, eq: list, wq: list, k2: list, ek: list) -> np.float32:

@@ -51,7 +51,7 @@ CASES = [
     (P("n1_b1_k300_tiny_split", 1, 1, 300, dist="tiny"), C(rows=1, warps=4, keys_per_step=64, stages=3,
                                                            keys_per_cta=128)),
     (P("n2_b2_k260_big_w8", 2, 2, 260, dist="big"), C(rows=2, warps=8, keys_per_step=128, stages=2,
-                                                      keys_per_cta=256)),
+                                                      keys_per_cta=256, min_ctas=0)),
     (P("n1_b2_k100_zeros", 2, 1, 100, dist="zeros"), None),
     (P("n4_b1_k80_shift_h32", 1, 4, 80, heads=32, dist="shift"), None),
     (P("cand8_n2_b2", 2, 2, 200, rows_per_block=16, candidates=(6, 8)), None),
@@ -63,7 +63,8 @@ CASES = [
     (R("ragged_random_t6_mixed", 6, 90, ranges="ragged", dist="mixed", clean=True), None),
     (R("ragged_causal_t5_split", 5, 200, dist="wide"), C(rows=4, warps=4, keys_per_step=64, stages=3,
                                                          keys_per_cta=64)),
-    (R("ragged_causal_t16_r8", 16, 100), C(rows=8, warps=8, keys_per_step=64, stages=4, keys_per_cta=128)),
+    (R("ragged_causal_t16_r8", 16, 100), C(rows=8, warps=8, keys_per_step=64, stages=4,
+                                                           keys_per_cta=128, min_ctas=0)),
 ]
 
 

@@ -37,23 +37,27 @@ class IndexLogitsConfig:
     warps split each step's tiles); ``keys_per_step``: keys through shared memory per step (16 per tile;
     ``keys_per_step / 16`` a multiple of ``warps / rows``); ``stages``: cp.async ring depth; ``keys_per_cta``:
     columns one CTA scores (a multiple of ``keys_per_step``; the grid's second dimension splits the width
-    by it)."""
+    by it); ``min_ctas``: CTAs per SM the registers are capped for (0: no cap; ``__launch_bounds__``)."""
 
     rows: int = 1
     warps: int = 4
     keys_per_step: int = 64
     stages: int = 4
     keys_per_cta: int = 4096
+    min_ctas: int = 3
 
     def validate(self) -> None:
         ok = (self.rows in ROW_CHOICES and self.warps in (1, 2, 4, 8, 16) and self.warps % self.rows == 0
               and self.keys_per_step % 16 == 0 and (self.keys_per_step // 16) % (self.warps // self.rows) == 0
-              and self.stages >= 2 and self.keys_per_cta > 0 and self.keys_per_cta % self.keys_per_step == 0)
+              and self.stages >= 2 and self.keys_per_cta > 0 and self.keys_per_cta % self.keys_per_step == 0
+              and 0 <= self.min_ctas <= 8)
         if not ok:
             raise ValueError(f"inconsistent IndexLogitsConfig {self}")
 
 
-CTAS_PER_SM_TARGET = 4  # split the key range until the launch has about this many CTAs per SM
+# split the key range until the launch has about this many CTAs per SM (4 waves of 3 resident CTAs: the
+# requests' klen differ, so the tail of the last wave is short)
+CTAS_PER_SM_TARGET = 12
 MAX_KEYS_PER_CTA = 16384
 
 
@@ -72,8 +76,9 @@ def launch_config(op: str, *, rows: int, width: int, n: int = 1, sms: int = 132)
     device's SM count."""
     if op == "paged":
         r = next(c for c in ROW_CHOICES if c >= n)
-        warps = 8 if r == 8 else 4
-        cfg = IndexLogitsConfig(rows=r, warps=warps, keys_per_step=64, stages=4)
+        # 4 warps at 168 registers (3 CTAs per SM); 8 rows take a warp each (one CTA per SM, 255 registers)
+        cfg = IndexLogitsConfig(rows=r, warps=8, keys_per_step=64, stages=4, min_ctas=0) if r == 8 else \
+            IndexLogitsConfig(rows=r, warps=4, keys_per_step=64, stages=4, min_ctas=3)
         return replace(cfg, keys_per_cta=_split(rows, width, cfg.keys_per_step, sms))
     if op == "cand":
         cfg = IndexLogitsConfig(rows=1, warps=4, keys_per_step=64, stages=4)
@@ -88,6 +93,9 @@ _PROPS: dict = {}
 
 
 def _sm_count(device) -> int:
+    """SMs of a CUDA device (a CPU tensor's wrapper call fails its device check after the launch plan)."""
+    if device.type != "cuda":
+        return 132
     if device not in _PROPS:
         _PROPS[device] = torch.cuda.get_device_properties(device).multi_processor_count
     return _PROPS[device]
@@ -95,15 +103,16 @@ def _sm_count(device) -> int:
 
 def kernel_static(mode: str, heads: int, cfg: IndexLogitsConfig, vec16: bool) -> tuple:
     """The scoring kernel's static arguments (``get_kernel``'s, also the disk-cache key)."""
-    return (mode, heads, cfg.rows, cfg.warps, cfg.keys_per_step, cfg.stages, bool(vec16))
+    return (mode, heads, cfg.rows, cfg.warps, cfg.keys_per_step, cfg.stages, bool(vec16), cfg.min_ctas)
 
 
 @functools.lru_cache(maxsize=None)
-def get_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages: int, vec16: bool):
+def get_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages: int, vec16: bool,
+               min_ctas: int = 0):
     """The compiled scoring kernel (TileLang JIT; cached per static key)."""
     from tilelang_ops.index_logits.scores import scores_kernel
 
-    return scores_kernel(mode, heads, rows, warps, kc, stages, vec16)
+    return scores_kernel(mode, heads, rows, warps, kc, stages, vec16, min_ctas)
 
 
 @functools.lru_cache(maxsize=None)
@@ -131,8 +140,9 @@ def _aligned(*tensors) -> bool:
 # Launch plans: the static key, the kernel's arguments and its grid, shared with the CPU emulator.
 # ----------------------------------------------------------------------------------------------
 
-def paged_plan(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, *, candidate_blocks=None,
-               candidate_block_size=None, clean=False, out=None, config=None, sms=None):
+def paged_plan(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, *,
+               candidate_blocks=None, candidate_block_size=None, clean=False, out=None, config=None,
+               sms=None):
     """(static key, kernel arguments, grid, logits) of a ``paged_index_logits`` call; the arguments are
     checked (host-side only)."""
     geom = check_paged_args(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen,
@@ -149,7 +159,8 @@ def paged_plan(q_codes, q_scales, weights, index_cache, block_tables, klen, max_
     if not cand and config.rows < n:
         raise ValueError(f"config.rows={config.rows} is below the {n} query rows per request")
     if cand and config.rows != 1:
-        raise ValueError(f"candidate restriction scores one row per CTA: config.rows must be 1, got {config.rows}")
+        raise ValueError(f"candidate restriction scores one row per CTA: config.rows must be 1, got "
+                         f"{config.rows}")
     logits = out if out is not None else torch.empty((b, n, max_klen), dtype=torch.float32, device=dev)
     vec16 = geom.rows_per_block % 4 == 0 and _aligned(index_cache)
     static = kernel_static(mode, geom.heads, config, vec16)
@@ -211,8 +222,9 @@ def paged_index_logits(q_codes, q_scales, weights, index_cache, block_tables, kl
     unless clean (-inf). Returns logits [b, n, max_klen] fp32 (``out`` when given).
     """
     static, args, grid, logits, geom = paged_plan(
-        q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks=candidate_blocks,
-        candidate_block_size=candidate_block_size, clean=clean, out=out, config=config)
+        q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen,
+        candidate_blocks=candidate_blocks, candidate_block_size=candidate_block_size, clean=clean, out=out,
+        config=config)
     check_cuda(q_codes=q_codes, index_cache=index_cache, block_tables=block_tables, klen=klen, out=logits)
     if debug_checks_enabled():
         check_paged_values(block_tables, klen, geom, candidate_blocks)
@@ -252,9 +264,12 @@ def build_configs() -> list[tuple]:
     from tilelang_ops.index_logits.scores import scores_kernel
 
     configs = [("quantize", quantize_kernel, (128,))]
-    for name, mode, heads, n, vec16 in (("paged H64 n1", "paged", 64, 1, True), ("paged H64 n4", "paged", 64, 4, True),
-                                        ("paged H32 n8", "paged", 32, 8, True), ("paged H64 n2 vec4", "paged", 64, 2, False),
-                                        ("cand H64", "cand", 64, 1, True), ("ragged H64", "ragged", 64, 1, True)):
+    for name, mode, heads, n, vec16 in (("paged H64 n1", "paged", 64, 1, True),
+                                        ("paged H64 n4", "paged", 64, 4, True),
+                                        ("paged H32 n8", "paged", 32, 8, True),
+                                        ("paged H64 n2 vec4", "paged", 64, 2, False),
+                                        ("cand H64", "cand", 64, 1, True),
+                                        ("ragged H64", "ragged", 64, 1, True)):
         cfg = launch_config(mode, rows=64, width=65536, n=n)
         configs.append((name, scores_kernel, kernel_static(mode, heads, cfg, vec16)))
     return configs

@@ -19,7 +19,8 @@ FMT = FP4_INDEX_KV_FORMAT
 GROUP = FMT.group_size
 THREADS = 128
 # the reference's e2m1 thresholds (cast_to_e2m1_codes): (threshold, True when the midpoint goes up)
-THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True),
+              (5.0, False))
 
 
 def _f32(v: float):
@@ -65,8 +66,8 @@ def quantize_kernel(threads: int = THREADS):
                     mag = T.abs(z)
                     code = T.Cast("uint8", T.reinterpret(z, "uint32") >> T.uint32(31)) << T.uint8(3)
                     for th, up in THRESHOLDS:
-                        code = code + T.Cast("uint8", T.if_then_else(mag >= _f32(th) if up else mag > _f32(th),
-                                                                      1, 0))
+                        hit = mag >= _f32(th) if up else mag > _f32(th)
+                        code = code + T.Cast("uint8", T.if_then_else(hit, 1, 0))
                     out[i // 2] = out[i // 2] | (code << T.uint8(4 * (i % 2)))
                 for i in T.vectorized(GROUP // 2):
                     codes[row, blk * (GROUP // 2) + i] = out[i]

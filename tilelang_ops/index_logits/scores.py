@@ -35,7 +35,7 @@ NOSHIFT = 0xC8C8C8C8  # packed residual exponents of a key / head without residu
 RES_BIAS = 200  # residual exponents are stored as bytes c + 200, c clamped to [-200, 3]
 T0, T1 = 0x03020100, 0x0C080604  # doubled e2m1 magnitudes of codes 0-3 / 4-7, one per byte
 Q_OFFSET, K_OFFSET = 160, 102  # reference.index_logits: Wq = w 2^(Eq - 160), I = S 2^(Ek - 102)
-HMETA_WORDS = 8  # per (row, head): 4 block biases, Wq bits, packed residuals, 2 spare
+HMETA_WORDS = 9  # per (row, head): 4 block biases, Wq, packed residuals, fast C, 2^149 Wq, fast flag
 PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True,
                 tilelang.PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True,
                 tilelang.PassConfigKey.TL_DISABLE_SHARED_MEMORY_REUSE: True}
@@ -45,7 +45,8 @@ def smem_words(heads: int, rows: int, kc: int, stages: int) -> dict:
     """Offsets (in 32-bit words) of the shared-memory regions and the total."""
     off, size = {}, 0
     for name, words in (("raw", stages * kc * 16), ("rsc", stages * kc), ("rfl", stages * kc),
-                        ("conv", kc * 32), ("meta", kc * 2), ("hmeta", rows * heads * HMETA_WORDS)):
+                        ("conv", kc * 32), ("meta", kc * 2), ("hmeta", rows * heads * HMETA_WORDS),
+                        ("bstage", rows * heads * 32)):
         off[name] = size
         size += words
     off["total"] = size
@@ -99,10 +100,12 @@ def _shift(sw, big, wide, b: int):
 
 
 @tilelang.jit(pass_configs=PASS_CONFIGS)
-def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages: int, vec16: bool):
+def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages: int, vec16: bool,
+                  min_ctas: int = 0):
     """The scoring kernel for ``mode`` in ("paged", "cand", "ragged"); see the module docstring.
     ``rows``: query rows per CTA (paged: n rounded up to 1, 2, 4 or 8); ``kc``: keys per step; ``vec16``:
-    16-byte copies of the key rows (else 4-byte: cache blocks of Bc % 4 != 0 rows)."""
+    16-byte copies of the key rows (else 4-byte: cache blocks of Bc % 4 != 0 rows); ``min_ctas`` > 1 caps
+    the registers so that many CTAs fit an SM (``__launch_bounds__``)."""
     assert mode in ("paged", "cand", "ragged") and heads in (32, 64) and stages >= 2
     threads = 32 * warps
     wpr = warps // rows  # warps per query row
@@ -114,9 +117,10 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
     lay = smem_words(heads, rows, kc, stages)
     kpt = -(-kc // threads)  # keys a thread issues per step
     cjobs = -(-(2 * kc) // threads)  # conversion jobs (key pair, block) per thread per step
+    pjobs = -(-(rows * ntiles) // warps)  # prologue jobs (query row, N-tile) per warp
     neg_inf = T.reinterpret(_u32(0xFF800000), "float32")
 
-    nq, cache_bytes, nkeys, nb_rows, mb, ncol, ncand = T.dynamic("nq, cache_bytes, nkeys, nb_rows, mb, ncol, ncand")
+    dyn = T.dynamic("nq, cache_bytes, nkeys, nb_rows, mb, ncol, ncand")
 
     def src_addr(src, off, byte):
         """Address of byte ``byte`` of key data: the flat cache at offset off (paged), or row off of the
@@ -219,57 +223,80 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                             sm[lay["rfl"] + stage * kc + i] << _u32(8))
 
     @T.macro
-    def query_prologue(sm, q_codes, q_scales, weights, qrow, trow, bq, cfe, w2e, fast, lane, lead):
-        """B fragments (bq) of query row ``qrow`` (flat index), the fast path's per-column constants (cfe:
-        accumulator start values, w2e: 2^149 Wq) and the row's fast-path flag; the row's head meta go to
-        shared memory (``lead``: this warp writes them)."""
+    def query_prologue(sm, q_codes, q_scales, weights, row0, nrows, tx):
+        """The CTA's query rows, once: warp job (row t, N-tile nt) converts heads 8 nt .. 8 nt + 7 of flat
+        query row row0 + t into B fragments (s8, the keys' shifts), staged in shared memory (bstage,
+        [t][nt][half][lane][4 words]), and per head the meta of both paths (hmeta: block biases, Wq, packed
+        residuals, the fast path's accumulator start, 2^149 Wq, its fast-path flag)."""
+        lane = tx % 32
         g = lane // 4
         q = lane % 4
-        cf = T.alloc_local([ntiles], "int32")
-        w2 = T.alloc_local([ntiles], "float32")
-        okv = T.alloc_var("int32")
+        bw = T.alloc_local([8], "uint32")
         part = T.alloc_var("int32")
         tot = T.alloc_var("int32")
+        for it in T.serial(pjobs):
+            job = tx // 32 + it * warps
+            t = job // ntiles
+            nt = job % ntiles
+            if t < nrows:
+                h = 8 * nt + g
+                qrow = row0 + t
+                hm = lay["hmeta"] + (t * heads + h) * HMETA_WORDS
+                sw = T.call_extern("uint32", "il_ld32", T.address_of(q_scales[qrow, h * SCALE_BYTES]))
+                big = _max4(sw)
+                wide = big - _min4(sw) > 3
+                tot = 0
+                for kb in T.unroll(4):
+                    sh = _shift(sw, big, wide, kb)
+                    t0 = _u32(T0) << sh
+                    t1 = _u32(T1) << sh
+                    word = T.call_extern("uint32", "il_ld32",
+                                         T.address_of(q_codes[qrow, h * CODE_BYTES + 16 * kb + 4 * q]))
+                    bw[2 * kb] = _biased_u8(word, t0, t1, 0) ^ _u32(0x80808080)
+                    bw[2 * kb + 1] = _biased_u8(word, t0, t1, 1) ^ _u32(0x80808080)
+                    part = T.call_extern("int32", "il_dp4a", bw[2 * kb], _u32(0x01010101)) + \
+                        T.call_extern("int32", "il_dp4a", bw[2 * kb + 1], _u32(0x01010101))
+                    part = part + T.shfl_xor(part, 1)
+                    part = part + T.shfl_xor(part, 2)
+                    tot = tot + part
+                    if q == 0:
+                        sm[hm + kb] = T.reinterpret(part * -128, "uint32")
+                for half in T.unroll(2):
+                    for v in T.vectorized(4):
+                        sm[lay["bstage"] + (((t * ntiles + nt) * 2 + half) * 32 + lane) * 4 + v] = bw[
+                            4 * half + v]
+                if q == 0:
+                    wq = T.call_extern("float32", "il_pow2_scale", T.Cast("float64", weights[qrow, h]),
+                                       big - Q_OFFSET)
+                    w2 = T.call_extern("float32", "il_w_denorm", wq)
+                    inf = T.reinterpret(_u32(0x7F800000), "float32")
+                    sm[hm + 4] = T.reinterpret(wq, "uint32")
+                    sm[hm + 5] = T.if_then_else(wide, _residual_pack(sw, big), _u32(NOSHIFT))
+                    sm[hm + 6] = T.reinterpret(tot * -128, "uint32")
+                    sm[hm + 7] = T.reinterpret(w2, "uint32")
+                    slow = wide or (T.abs(w2) == inf and T.abs(wq) < inf)  # (2^149 Wq overflows)
+                    sm[hm + 8] = T.if_then_else(slow, _u32(0), _u32(1))
+
+    @T.macro
+    def row_constants(sm, trow, bq, cfe, w2e, fast, lane):
+        """This warp's row, from the staged prologue: B fragments (bq), the fast path's per-column
+        accumulator starts (cfe) and 2^149 Wq (w2e) of heads 8 nt + 2 q + c, and the row's fast-path flag
+        (every head of it)."""
+        q = lane % 4
+        okv = T.alloc_var("int32")
         okv = 1
         for nt in T.unroll(ntiles):
-            h = 8 * nt + g
-            sw = T.call_extern("uint32", "il_ld32", T.address_of(q_scales[qrow, h * SCALE_BYTES]))
-            big = _max4(sw)
-            wide = big - _min4(sw) > 3
-            tot = 0
-            for kb in T.unroll(4):
-                sh = _shift(sw, big, wide, kb)
-                t0 = _u32(T0) << sh
-                t1 = _u32(T1) << sh
-                word = T.call_extern("uint32", "il_ld32",
-                                     T.address_of(q_codes[qrow, h * CODE_BYTES + 16 * kb + 4 * q]))
-                bq[(nt * 4 + kb) * 2] = _biased_u8(word, t0, t1, 0) ^ _u32(0x80808080)
-                bq[(nt * 4 + kb) * 2 + 1] = _biased_u8(word, t0, t1, 1) ^ _u32(0x80808080)
-                part = T.call_extern("int32", "il_dp4a", bq[(nt * 4 + kb) * 2], _u32(0x01010101)) + \
-                    T.call_extern("int32", "il_dp4a", bq[(nt * 4 + kb) * 2 + 1], _u32(0x01010101))
-                part = part + T.shfl_xor(part, 1)
-                part = part + T.shfl_xor(part, 2)
-                tot = tot + part
-                if lead and q == 0:
-                    sm[lay["hmeta"] + (trow * heads + h) * HMETA_WORDS + kb] = T.reinterpret(part * -128,
-                                                                                            "uint32")
-            cf[nt] = tot * -128
-            wq = T.call_extern("float32", "il_pow2_scale", T.Cast("float64", weights[qrow, h]),
-                               big - Q_OFFSET)
-            w2[nt] = T.call_extern("float32", "il_w_denorm", wq)
-            overflow = T.abs(w2[nt]) == T.reinterpret(_u32(0x7F800000), "float32") and T.abs(wq) < T.reinterpret(
-                _u32(0x7F800000), "float32")
-            if wide or overflow:
-                okv = 0
-            if lead and q == 0:
-                sm[lay["hmeta"] + (trow * heads + h) * HMETA_WORDS + 4] = T.reinterpret(wq, "uint32")
-                sm[lay["hmeta"] + (trow * heads + h) * HMETA_WORDS + 5] = T.if_then_else(
-                    wide, _residual_pack(sw, big), _u32(NOSHIFT))
-        fast[0] = T.call_extern("int32", "il_all", okv)
-        for nt in T.unroll(ntiles):
+            for half in T.unroll(2):
+                for v in T.vectorized(4):
+                    bq[nt * 8 + 4 * half + v] = sm[lay["bstage"] + (((trow * ntiles + nt) * 2 + half) * 32
+                                                                     + lane) * 4 + v]
             for c in T.unroll(2):
-                cfe[nt * 2 + c] = T.shfl_sync(cf[nt], 4 * (2 * q + c))
-                w2e[nt * 2 + c] = T.shfl_sync(w2[nt], 4 * (2 * q + c))
+                hm = lay["hmeta"] + (trow * heads + 8 * nt + 2 * q + c) * HMETA_WORDS
+                cfe[nt * 2 + c] = T.reinterpret(sm[hm + 6], "int32")
+                w2e[nt * 2 + c] = T.reinterpret(sm[hm + 7], "float32")
+                if sm[hm + 8] == _u32(0):
+                    okv = 0
+        fast[0] = T.call_extern("int32", "il_all", okv)
 
     @T.macro
     def score_tile(sm, m, trow, bq, cfe, w2e, fast, lane, res):
@@ -338,7 +365,8 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
 
     @T.macro
     def main_loop(sm, src_codes, src_scales, table, cand, q_codes, q_scales, weights, out, bidx, row0, nrows,
-                  j_lo, j_hi, rlo, rhi, col_shift, out_row0, ld_out, bc, num_blocks, max_blocks, cbs, nkey_total):
+                  j_lo, j_hi, rlo, rhi, col_shift, out_row0, ld_out, bc, num_blocks, max_blocks, cbs,
+                  nkey_total):
         """Score keys [j_lo, j_hi) against the CTA's rows: row t (t < nrows; flat query row row0 + t) keeps
         keys [rlo[t], rhi[t]) and writes key j to out[(out_row0 + t) * ld_out + j - col_shift[t]]."""
         tx = T.get_thread_binding()
@@ -369,21 +397,24 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                           num_blocks, max_blocks, cbs, nkey_total, tx)
             else:
                 T.call_extern("handle", "il_cp_commit")
-        if trow < nrows and nsteps > 0:
-            query_prologue(sm, q_codes, q_scales, weights, row0 + trow, trow, bq, cfe, w2e, fast, lane,
-                           tsel == 0)
+        if nsteps > 0:
+            query_prologue(sm, q_codes, q_scales, weights, row0, nrows, tx)
+            T.sync_threads()
+            if trow < nrows:
+                row_constants(sm, trow, bq, cfe, w2e, fast, lane)
         for s in T.serial(nsteps):
             T.call_extern("handle", f"il_cp_wait<{stages - 2}>")
             T.sync_threads()
             if s + stages - 1 < nsteps:
                 load_step(sm, src_codes, src_scales, table, cand, j_lo + (s + stages - 1) * kc, j_hi,
-                          (s + stages - 1) % stages, bidx, row0, bc, num_blocks, max_blocks, cbs, nkey_total, tx)
+                          (s + stages - 1) % stages, bidx, row0, bc, num_blocks, max_blocks, cbs, nkey_total,
+                          tx)
             else:
                 T.call_extern("handle", "il_cp_commit")
             convert_step(sm, s % stages, tx)
             T.sync_threads()
             if trow < nrows:
-                for u in T.unroll(tpw):
+                for u in T.serial(tpw):
                     m = tsel + u * wpr
                     j = j_lo + s * kc + 16 * m
                     if j < my_hi and j + 16 > my_lo:
@@ -394,11 +425,10 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                                 out[out_row0 + trow, key - my_sft] = T.if_then_else(
                                     lane % 4 == 0, res[0], res[1])
 
-    return _entry(mode, heads, rows, threads, lay, main_loop, (nq, cache_bytes, nkeys, nb_rows, mb, ncol, ncand),
-                  neg_inf)
+    return _entry(mode, heads, rows, threads, lay, main_loop, dyn, neg_inf, min_ctas)
 
 
-def _entry(mode, heads, rows, threads, lay, main_loop, dyn, neg_inf):
+def _entry(mode, heads, rows, threads, lay, main_loop, dyn, neg_inf, min_ctas):
     """The prim_func of ``mode``: the CTA's rows and key range, the main loop, the clean fill."""
     nq, cache_bytes, nkeys, nb_rows, mb, ncol, ncand = dyn
     if mode == "ragged":
@@ -418,6 +448,8 @@ def _entry(mode, heads, rows, threads, lay, main_loop, dyn, neg_inf):
         ):
             with T.Kernel(T.ceildiv(nq, rows), T.ceildiv(max_width, kps), threads=threads,
                           prelude=PRELUDE) as (bx, by):
+                if min_ctas > 1:
+                    T.annotate_min_blocks_per_sm(min_ctas)
                 sm = T.alloc_shared([lay["total"]], "uint32")
                 rlo = T.alloc_local([rows], "int32")
                 rhi = T.alloc_local([rows], "int32")
@@ -477,6 +509,8 @@ def _entry(mode, heads, rows, threads, lay, main_loop, dyn, neg_inf):
         # grid x: requests (cand: query rows), y: column splits
         with T.Kernel(nb_rows if mode == "paged" else nq, T.ceildiv(ncol, kps), threads=threads,
                       prelude=PRELUDE) as (bx, by):
+            if min_ctas > 1:
+                T.annotate_min_blocks_per_sm(min_ctas)
             sm = T.alloc_shared([lay["total"]], "uint32")
             rlo = T.alloc_local([rows], "int32")
             rhi = T.alloc_local([rows], "int32")
@@ -495,8 +529,8 @@ def _entry(mode, heads, rows, threads, lay, main_loop, dyn, neg_inf):
                 if t < nrows:
                     rhi[t] = T.max(j0, T.min(j1, klen[row0 + t]))
                     jhi = T.max(jhi, rhi[t])
-            main_loop(sm, cache, cache, table, cand, q_codes, q_scales, weights, out, req, row0, nrows, j0, jhi,
-                      rlo, rhi, sft, row0, ncol, bc, num_blocks, mb, cbs, 0)
+            main_loop(sm, cache, cache, table, cand, q_codes, q_scales, weights, out, req, row0, nrows, j0,
+                      jhi, rlo, rhi, sft, row0, ncol, bc, num_blocks, mb, cbs, 0)
             if clean != 0:
                 tx = T.get_thread_binding()
                 for t in T.unroll(rows):
