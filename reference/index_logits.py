@@ -310,6 +310,15 @@ def paged_index_logits_torch(q_codes, q_scales, weights, index_cache, block_tabl
     """Vectorized twin of ``paged_index_logits_ref``. Like the kernel it does not check device values: a
     column it cannot resolve (block-table entry outside the cache, logical row beyond the table) scores
     -inf, and klen is cut at max_klen."""
+    return paged_logits_with(key_scores_torch, q_codes, q_scales, weights, index_cache, block_tables, klen,
+                             max_klen, candidate_blocks=candidate_blocks,
+                             candidate_block_size=candidate_block_size, clean=clean, out=out)
+
+
+def paged_logits_with(scorer, q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, *,
+                      candidate_blocks=None, candidate_block_size=None, clean=False, out=None):
+    """``paged_index_logits_torch`` with ``scorer`` (``key_scores_torch`` or a torch.compile of it, the
+    benchmark's peer) scoring each chunk of keys."""
     geom = check_paged_args(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen,
                             candidate_blocks=candidate_blocks, candidate_block_size=candidate_block_size,
                             clean=clean, out=out)
@@ -341,10 +350,10 @@ def paged_index_logits_torch(q_codes, q_scales, weights, index_cache, block_tabl
         k2, ek = _gather_rows(index_cache.reshape(-1), index_cache.shape[1], rpb, torch.where(ok, phys, 0),
                               logical % rpb)
         if cand:
-            scores = key_scores_torch(q2, eq, big_q, wq, k2.reshape(b * n, -1, INDEX_DIM),
-                                      ek.reshape(b * n, -1, BLOCKS)).reshape(b, n, -1)
+            scores = scorer(q2, eq, big_q, wq, k2.reshape(b * n, -1, INDEX_DIM),
+                            ek.reshape(b * n, -1, BLOCKS)).reshape(b, n, -1)
         else:
-            scores = key_scores_torch(q2, eq, big_q, wq, k2, ek)
+            scores = scorer(q2, eq, big_q, wq, k2, ek)
             ok = ok[:, None, :]
         scores = torch.where(ok, scores, torch.full_like(scores, float("-inf")))
         keep = col[None, None, :] < valid[:, :, None]
@@ -364,6 +373,13 @@ def ragged_index_logits_torch(q_codes, q_scales, weights, k_codes, k_scales, ks,
     """Vectorized twin of ``ragged_index_logits_ref``; keys outside [0, N) score -inf and widths are cut
     at max_width (no value check). Rows go in groups of ``RAGGED_ROWS`` against the union of their key
     ranges (read on the host: a reference may sync)."""
+    return ragged_logits_with(key_scores_torch, q_codes, q_scales, weights, k_codes, k_scales, ks, ke,
+                              max_width, clean=clean, out=out)
+
+
+def ragged_logits_with(scorer, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, *,
+                       clean=False, out=None):
+    """``ragged_index_logits_torch`` with ``scorer`` scoring each group of rows and chunk of keys."""
     geom = check_ragged_args(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean=clean,
                              out=out)
     dev = q_codes.device
@@ -390,8 +406,8 @@ def ragged_index_logits_torch(q_codes, q_scales, weights, k_codes, k_scales, ks,
             key = torch.arange(k0, min(k0 + chunk, hi), device=dev)
             ok = (key >= 0) & (key < geom.num_keys)
             idx = torch.where(ok, key, 0)
-            scores = key_scores_torch(q2[None, rows], eq[None, rows], big_q[None, rows], wq[None, rows],
-                                      k2_all[idx][None], ek_all[idx][None])[0]  # [rows, J]
+            scores = scorer(q2[None, rows], eq[None, rows], big_q[None, rows], wq[None, rows],
+                            k2_all[idx][None], ek_all[idx][None])[0]  # [rows, J]
             scores = torch.where(ok[None, :], scores, torch.full_like(scores, float("-inf")))
             col = key[None, :] - lo_all[rows, None]  # [rows, J]
             keep = (col >= 0) & (col < width[rows, None])

@@ -28,6 +28,7 @@ DIFF_MODULES = (
     "tilelang_ops.diffcases.compress_store",
     "tilelang_ops.diffcases.topk",
     "tilelang_ops.diffcases.gather_rows",
+    "tilelang_ops.diffcases.index_logits",
 )
 
 

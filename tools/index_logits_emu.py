@@ -199,11 +199,10 @@ def _run(lib_names_types, values: dict, grid, threads: int, seed: int) -> None:
 
 def emulate_paged(*, config=None, sms=132, seed=0, **kw):
     """``paged_index_logits(**kw)`` run on the CPU emulator (CPU tensors); returns the logits."""
-    from tilelang_ops.index_logits import get_kernel, paged_plan
+    from tilelang_ops.index_logits import paged_plan
     from tilelang_ops.index_logits.scores import scores_kernel
 
     static, args, grid, logits, geom = paged_plan(**kw, config=config, sms=sms)
-    get_kernel  # the wrapper's cache (not used here: the emulator builds its own library)
     if geom.b == 0 or kw["max_klen"] == 0:
         return logits
     q, qs, w, cache, table, klen, cand, out, n, bc, nblk, cbs, kps, clean = args

@@ -107,18 +107,18 @@ def make_paged_inputs(case: PagedCase, device="cpu") -> dict:
     cache = garbage_bytes(num_blocks * FMT.block_bytes(rpb)).reshape(num_blocks, -1).clone()
     table = torch.full((b, max_blocks), 1 << 30, dtype=torch.int32)  # never read beyond the keys
     used = 0
+    flat = cache.view(-1)
+    width = cache.shape[1]
     for r in range(b):
         codes, scales = index_rows(keys[r], case.dist, g)
-        for blk in range(need[r]):
-            phys = int(perm[used])
-            used += 1
-            table[r, blk] = phys
-            lo, hi = blk * rpb, min((blk + 1) * rpb, keys[r])
-            for j in range(lo, hi):
-                pos = j - lo
-                d0, s0 = FMT.data_offset(pos, rpb), FMT.scale_offset(pos, rpb)
-                cache[phys, d0:d0 + FMT.data_bytes] = codes[j]
-                cache[phys, s0:s0 + FMT.scale_bytes] = scales[j]
+        table[r, :need[r]] = perm[used:used + need[r]].to(torch.int32)
+        used += need[r]
+        j = torch.arange(keys[r])
+        phys, pos = table[r, j // rpb].long(), j % rpb
+        d0 = phys * width + pos * FMT.data_bytes
+        s0 = phys * width + rpb * FMT.data_bytes + pos * FMT.scale_bytes
+        flat[(d0[:, None] + torch.arange(FMT.data_bytes)).reshape(-1)] = codes.reshape(-1)
+        flat[(s0[:, None] + torch.arange(FMT.scale_bytes)).reshape(-1)] = scales.reshape(-1)
     qc, qs = index_rows(b * n * case.heads, case.dist, g)
     q_codes = qc.reshape(b, n, case.heads, FMT.data_bytes)
     q_scales = qs.reshape(b, n, case.heads, FMT.scale_bytes)
@@ -157,7 +157,7 @@ class RaggedCase:
     seed: int = 0
 
 
-def make_ranges(t: int, num_keys: int, pattern: str, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def make_ranges(t: int, num_keys: int, pattern: str, gen: torch.Generator) -> tuple:
     """(ks, ke) [t] int32. ``causal``: the last t queries of one sequence of num_keys keys (query i sees
     keys [0, num_keys - t + i + 1)); ``multi``: three sequences of a prefill batch back to back, each
     causal over its own keys; ``ragged``: random ranges, some empty, one the whole [0, N)."""

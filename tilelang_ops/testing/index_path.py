@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from metadata import FP4_INDEX_KV_FORMAT, FP8_MAIN_KV_FORMAT, SeqMetadata, prepare_tensor_input
+from reference.kv_store import quantize_rows_torch
 from tilelang_ops.testing.index_logits import garbage_bytes, index_values
 
 BLOCK, RATIO, DIM = 128, 2, FP8_MAIN_KV_FORMAT.dim
@@ -86,27 +87,32 @@ def build_path(case: PathCase, device="cpu") -> dict:
         used += nb
     meta = prepare_tensor_input(seqs, is_prefill=case.prefill, block_size=BLOCK, compress_ratios=(RATIO,))
     main_fmt, idx_fmt = FP8_MAIN_KV_FORMAT, FP4_INDEX_KV_FORMAT
-    main = garbage_bytes(num_blocks * main_fmt.block_bytes(BC)).reshape(num_blocks, -1).clone()
-    index = garbage_bytes(num_blocks * idx_fmt.block_bytes(BC)).reshape(num_blocks, -1).clone()
-    from reference.kv_store import quantize_rows_torch
-
-    for seq in seqs:  # rows completed before this step
-        done = (seq.seqlen_k - seq.seqlen_q) // RATIO
-        if done == 0:
-            continue
-        mrow = quantize_rows_torch(torch.randn(done, DIM, generator=g).bfloat16().float(), main_fmt)
-        irow = quantize_rows_torch(index_values(done, "randn", g), idx_fmt)
-        for j in range(done):
-            blk, pos = seq.block_table[j // BC], j % BC
-            for fmt, cache, (data, sc) in ((main_fmt, main, mrow), (idx_fmt, index, irow)):
-                d0, s0 = fmt.data_offset(pos, BC), fmt.scale_offset(pos, BC)
-                cache[blk, d0:d0 + fmt.data_bytes] = data[j]
-                cache[blk, s0:s0 + fmt.scale_bytes] = sc[j]
+    gd = torch.Generator(device=device).manual_seed(case.seed + 11)
+    # the main cache's earlier rows are random bytes (this path only writes main rows); the index cache
+    # holds valid rows for every row completed before the step, garbage elsewhere
+    main = torch.randint(0, 256, (num_blocks, main_fmt.block_bytes(BC)), dtype=torch.uint8, device=device,
+                         generator=gd)
+    index = garbage_bytes(num_blocks * idx_fmt.block_bytes(BC)).reshape(num_blocks, -1).to(device)
+    slots = []
+    for seq in seqs:
+        done = torch.arange((seq.seqlen_k - seq.seqlen_q) // RATIO, device=device)
+        table = torch.tensor(seq.block_table, dtype=torch.long, device=device)
+        slots.append(table[done // BC] * BC + done % BC)
+    slot = torch.cat(slots)
+    if slot.numel():
+        x = torch.randn(slot.numel(), idx_fmt.dim, generator=gd, device=device).bfloat16().float()
+        data, sc = quantize_rows_torch(x, idx_fmt)
+        base = (slot // BC) * index.shape[1]
+        d0 = base + (slot % BC) * idx_fmt.data_bytes
+        s0 = base + BC * idx_fmt.data_bytes + (slot % BC) * idx_fmt.scale_bytes
+        flat = index.view(-1)
+        flat[(d0[:, None] + torch.arange(idx_fmt.data_bytes, device=device)).reshape(-1)] = data.reshape(-1)
+        flat[(s0[:, None] + torch.arange(idx_fmt.scale_bytes, device=device)).reshape(-1)] = sc.reshape(-1)
     ang = torch.rand(max(case.seqlens_k) + 8, 32, generator=g) * 6.3
     x = torch.randn(meta.total_q, 2 * DIM, generator=g)
-    x[:, :DIM] *= 4
+    x[:, :DIM] *= 4  # gate scores spread wide
     t = dict(
-        x=x, state=torch.randn(len(seqs), RING, 2, DIM, generator=g), main_cache=main, index_cache=index,
+        x=x, state=torch.randn(len(seqs), RING, 2, DIM, generator=g),
         w_main=(torch.rand(DIM, generator=g) * 1.5 + 0.25).bfloat16(),
         w_index=(torch.rand(idx_fmt.dim, generator=g) * 1.5 + 0.25).bfloat16(), cos=torch.cos(ang),
         sin=torch.sin(ang), proj=(torch.randn(idx_fmt.dim, DIM, generator=g) * DIM ** -0.5).bfloat16(),
@@ -114,7 +120,8 @@ def build_path(case: PathCase, device="cpu") -> dict:
                                                                                    -1),
         weights=(torch.randn(meta.total_q, case.heads, generator=g) * 0.1).float())
     out = {k: v.to(device) for k, v in t.items()}
-    out.update(meta=meta, case=case, eps=1e-6, devmeta=_meta_to(meta, device))
+    out.update(main_cache=main, index_cache=index, meta=meta, case=case, eps=1e-6,
+               devmeta=_meta_to(meta, device))
     return out
 
 
