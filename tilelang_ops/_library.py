@@ -1,0 +1,134 @@
+"""The public ops as ``torch.ops.tilelang_ops.<name>`` (SPEC 7), and the cheap eager path they share.
+
+Registration. Each op is a ``torch.library.custom_op`` (schema inferred from the annotated
+implementation, ``mutates_args`` naming what it writes in place, a fake implementation that runs the
+host checks and only allocates outputs), so ``torch.compile`` traces it as one node and
+``torch.library.opcheck`` tests it. ``custom_op`` puts two Python layers in front of a CUDA kernel on
+every eager call: an Autograd kernel that checks ``requires_grad`` and redispatches, and an
+ADInplaceOrView kernel that bumps the version counter of each mutated tensor. The ops have no
+derivative (indices, caches, quantized bytes), so the Autograd and ADInplaceOrView keys fall through
+in C++ and the CUDA key calls the implementation directly, which bumps the version counters itself:
+the dispatcher then costs about as much as for a built-in op.
+
+Eager path. A call's static key (the shapes, strides, dtypes and devices of its tensors, the 16-byte
+alignment of their addresses and its Python scalars) maps to a launch plan made by the op's full host
+checks on the first call with that key; later calls with the same key look the plan up and launch the
+compiled function directly (``direct``). No call reads a device value on the host unless
+TILELANG_OPS_DEBUG=1 asks for the value checks, so the ops record into CUDA graphs.
+
+Compiles. Kernels are compiled on the first call that needs them (``kernel``), or ahead of time by
+``warmup``; a compile that would happen while a CUDA graph is being captured raises instead.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+
+import torch
+
+NAMESPACE = "tilelang_ops"
+
+# The Library object that holds the direct registrations must stay alive as long as the ops.
+_LIB = torch.library.Library(NAMESPACE, "IMPL")
+OPS: dict[str, object] = {}
+
+
+def _bump_versions(impl: Callable, indices: tuple[int, ...]) -> Callable:
+    """``impl`` preceded by what the skipped ADInplaceOrView kernel does: a version bump of each
+    mutated argument (inference tensors have no version counter)."""
+    if not indices:
+        return impl
+    bump = torch._C._increment_version
+
+    def run(*args):
+        for i in indices:
+            t = args[i]
+            if t is not None and not t.is_inference():
+                bump(t)
+        return impl(*args)
+
+    return run
+
+
+def register_op(name: str, impl: Callable, fake: Callable, *, mutates_args: Sequence[str] = ()):
+    """Define ``torch.ops.tilelang_ops.<name>`` from ``impl`` (annotated, positional arguments only:
+    the schema is inferred from its signature), with ``fake`` as its fake implementation; returns the
+    op's default overload."""
+    op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=tuple(mutates_args),
+                                 device_types="cuda")
+    op.register_fake(fake)
+    params = list(torch.library.infer_schema(impl, mutates_args=tuple(mutates_args)).split("(", 1)[1]
+                  .rsplit(")", 1)[0].split(", "))
+    mutated = tuple(i for i, p in enumerate(params) if "(a" in p and "!)" in p)
+    with warnings.catch_warnings():  # the overrides below are deliberate (see the module docstring)
+        warnings.simplefilter("ignore")
+        _LIB.impl(name, torch.library.fallthrough_kernel, "Autograd")
+        _LIB.impl(name, torch.library.fallthrough_kernel, "ADInplaceOrView")
+        _LIB.impl(name, _bump_versions(impl, mutated), "CUDA")
+    overload = getattr(getattr(torch.ops, NAMESPACE), name).default
+    OPS[name] = overload
+    return overload
+
+
+def tensor_key(t: torch.Tensor | None) -> tuple | None:
+    """What the host checks read of a tensor: shape, strides, dtype, device and address modulo 16."""
+    if t is None:
+        return None
+    return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
+
+
+def direct(jit_kernel) -> Callable:
+    """The compiled function of a TileLang ``JITKernel``, called with every parameter (outputs
+    included, in the kernel's order): the TVM-FFI executable itself, without the adapter's Python
+    argument stitching. Kernels of another execution backend are called through the kernel object."""
+    adapter = getattr(jit_kernel, "adapter", None)
+    get = getattr(adapter, "_get_executable", None)
+    if get is None or getattr(adapter, "_ffi_callee_allocated_output_abi", False):
+        return jit_kernel
+    return get()
+
+
+# --------------------------------------------------------------------------------------------------
+# compiles: on first use, or ahead of time through warmup
+# --------------------------------------------------------------------------------------------------
+
+_KERNELS: dict[tuple, Callable] = {}
+_progress: list[Callable[[str], None]] = []
+
+
+def kernel(factory, *static) -> Callable:
+    """``direct(factory(*static))``, compiled once per process (TileLang's disk cache serves later
+    processes). Raises instead of compiling while the current stream captures a CUDA graph."""
+    key = (factory, static)
+    fn = _KERNELS.get(key)
+    if fn is not None:
+        return fn
+    name = f"{getattr(factory, '__name__', factory)}{static}"
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"tilelang_ops: kernel {name} is not compiled and a CUDA graph is being "
+                           f"captured; run the step once (or tilelang_ops.warmup) before capture")
+    t0 = time.perf_counter()
+    fn = _KERNELS[key] = direct(factory(*static))
+    for report in _progress:
+        report(f"compiled {name} in {time.perf_counter() - t0:.1f} s")
+    return fn
+
+
+def warmup(step: Callable, *args, progress: Callable[[str], None] | None = print, **kwargs):
+    """Run ``step(*args, **kwargs)`` once eagerly, compiling every kernel it launches (and making the
+    launch plans of its static shapes), then synchronize; ``progress`` gets one line per compile.
+
+    Call it with inputs of each static shape a CUDA graph will capture (each batch bucket); the capture
+    then compiles nothing. Returns what ``step`` returns."""
+    if progress is not None:
+        _progress.append(progress)
+    try:
+        out = step(*args, **kwargs)
+    finally:
+        if progress is not None:
+            _progress.remove(progress)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return out
