@@ -20,7 +20,7 @@ set -u
 PY=${PYTHON:-python}
 SAN=${COMPUTE_SANITIZER:-compute-sanitizer}
 LOG_DIR=${LOG_DIR:-sanitize_logs}
-OPS=${OPS:-"compress kv_store compress_store topk"}
+OPS=${OPS:-"compress kv_store compress_store topk index_logits gather_rows"}
 STEPS=${STEPS:-"diff bad cases"}
 export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-$PWD/.cache/tilelang}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}

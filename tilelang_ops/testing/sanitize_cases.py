@@ -1,6 +1,6 @@
 """One small launch of every kernel, for compute-sanitizer (tools/sanitize.sh; CUDA only).
 
-    python -m tilelang_ops.testing.sanitize_cases [op ...]      ops: compress kv_store compress_store topk
+    python -m tilelang_ops.testing.sanitize_cases [op ...]      ops: compress kv_store compress_store topk index_logits gather_rows
 
 Each case calls a public wrapper on a small seeded batch (``tilelang_ops.testing.bad_input`` builders on
 the GPU) and compares it with its reference (the vectorized twins on the GPU), so a race that changes a
@@ -114,7 +114,26 @@ def _topk():
         yield name, [compare_bitwise("index", got["index"].cpu(), want["index"])]
 
 
-OPS = {"compress": _compress, "kv_store": _kv_store, "compress_store": _compress_store, "topk": _topk}
+def _diff_cases(op: str, case_ids: tuple[str, ...]):
+    """Small cases of ``make diff`` (their comparisons as there)."""
+    import importlib
+
+    cases = importlib.import_module(f"tilelang_ops.diffcases.{op}")
+    for case_id in case_ids:
+        yield case_id, cases.run_case(case_id, DEV)
+
+
+def _index_logits():
+    yield from _diff_cases("index_logits", ("quantize_mixed_rows300", "paged_b3_n2_k150_decode",
+                                            "cand_b2_n2_bs8", "ragged_t6_n90_random_clean"))
+
+
+def _gather_rows():
+    yield from _diff_cases("gather_rows", ("rows_d512_m3000_bad", "rows_d520_m999_bad_strided"))
+
+
+OPS = {"compress": _compress, "kv_store": _kv_store, "compress_store": _compress_store, "topk": _topk,
+       "index_logits": _index_logits, "gather_rows": _gather_rows}
 
 
 def main(argv) -> int:
