@@ -33,6 +33,10 @@ NAMESPACE = "tilelang_ops"
 # The Library object that holds the direct registrations must stay alive as long as the ops.
 _LIB = torch.library.Library(NAMESPACE, "IMPL")
 OPS: dict[str, object] = {}
+# (position, Python type, optional) of each op's scalar arguments: the dispatcher would take a 0-d tensor
+# or a bool as an int, so the Python API checks the exact type first
+_SCALAR_ARGS: dict[object, tuple[tuple[int, type, bool], ...]] = {}
+_SCALAR_TYPES = {"SymInt": int, "int": int, "bool": bool, "float": float}
 
 
 def _bump_versions(impl: Callable, indices: tuple[int, ...]) -> Callable:
@@ -67,8 +71,12 @@ def register_op(name: str, impl: Callable, fake: Callable, *, mutates_args: Sequ
         _LIB.impl(name, torch.library.fallthrough_kernel, "Autograd")
         _LIB.impl(name, torch.library.fallthrough_kernel, "ADInplaceOrView")
         _LIB.impl(name, _bump_versions(impl, mutated), "CUDA")
+        # CPU tensors reach the implementation too, whose host checks name the argument on the CPU
+        _LIB.impl(name, impl, "CPU")
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
     OPS[name] = overload
+    _SCALAR_ARGS[overload] = tuple((i, _SCALAR_TYPES[p.split()[0].rstrip("?")], p.split()[0].endswith("?"))
+                                   for i, p in enumerate(params) if not p.startswith("Tensor"))
     return overload
 
 
@@ -77,6 +85,41 @@ def tensor_key(t: torch.Tensor | None) -> tuple | None:
     if t is None:
         return None
     return t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15
+
+
+def plan_key(args: Sequence) -> tuple:
+    """The static key of a call: ``tensor_key`` of each tensor, (type, value) of each other argument."""
+    return tuple(tensor_key(a) if isinstance(a, torch.Tensor) else (a.__class__, a) for a in args)
+
+
+MAX_PLANS = 4096  # launch plans kept per op; prefill shapes vary per call, so the cache is bounded
+
+
+def plan(cache: dict, make: Callable, args: tuple):
+    """The launch plan of ``args``' static key: looked up, or made by ``make(*args)`` (the op's full host
+    checks) on the key's first call."""
+    key = plan_key(args)
+    found = cache.get(key)
+    if found is None:
+        if len(cache) >= MAX_PLANS:
+            cache.clear()
+        found = cache[key] = make(*args)
+    return found
+
+
+def call_op(op, check: Callable, *args):
+    """``op(*args)``; where the dispatcher rejects an argument (a type its schema does not take), or the
+    op fails, ``check(*args)`` (the op's host checks) raises the error that names the argument first."""
+    for i, kind, optional in _SCALAR_ARGS[op]:
+        a = args[i]
+        if a.__class__ is not kind and not (optional and a is None):
+            check(*args)
+            raise TypeError(f"{op}: argument {i} must be a Python {kind.__name__}, got {type(a).__name__}")
+    try:
+        return op(*args)
+    except (TypeError, RuntimeError):
+        check(*args)
+        raise
 
 
 def direct(jit_kernel) -> Callable:
@@ -101,7 +144,7 @@ _progress: list[Callable[[str], None]] = []
 def kernel(factory, *static) -> Callable:
     """``direct(factory(*static))``, compiled once per process (TileLang's disk cache serves later
     processes). Raises instead of compiling while the current stream captures a CUDA graph."""
-    key = (factory, static)
+    key = (id(factory), static)  # factories are module-level objects (JITImpl is not hashable)
     fn = _KERNELS.get(key)
     if fn is not None:
         return fn

@@ -29,6 +29,7 @@ from metadata.compress_args import (
     dispatch_compress,
 )
 from metadata.gather_rows_args import c1_reverse_index
+from tilelang_ops._library import call_op, kernel, plan, register_op
 from tilelang_ops.gather_rows import gather_rows
 
 THREADS = 128
@@ -332,61 +333,124 @@ def compress_decode_kernel(dim: int, compress_ratio: int, ring: int = 0):
 
 
 # ----------------------------------------------------------------------------------------------
-# torch-facing wrappers
+# torch-facing wrappers: torch.ops.tilelang_ops.compress_prefill / compress_decode (SPEC 7)
 # ----------------------------------------------------------------------------------------------
+
+_PREFILL_PLANS: dict[tuple, tuple] = {}
+_DECODE_PLANS: dict[tuple, tuple] = {}
+
+
+def _checked(dims, projected_kv, state_cache):
+    check_cuda(projected_kv=projected_kv, state_cache=state_cache)
+    _check_dim(dims.dim)
+    # a non-contiguous projected_kv is copied into a fresh (aligned) allocation at the launch
+    _check_aligned(state_cache=state_cache, **({"projected_kv": projected_kv} if projected_kv.is_contiguous()
+                                              else {}))
+    return dims
+
+
+def _check_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+                   compress_ratio, num_rows):
+    """Every host check of a prefill call; returns its dimensions."""
+    dims = check_prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
+                              cu_compressed, compress_ratio, num_rows)
+    return _checked(dims, projected_kv, state_cache)
+
+
+def _check_decode(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio):
+    """Every host check of a decode call; returns its dimensions."""
+    dims = check_decode_args(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
+                             compress_ratio)
+    return _checked(dims, projected_kv, state_cache)
+
+
+def _prefill_plan(*args):
+    dims = _check_prefill(*args)
+    return dims, kernel(compress_prefill_kernel, dims.dim, args[6])
+
+
+def _decode_plan(*args):
+    dims = _check_decode(*args)
+    return dims, kernel(compress_decode_kernel, dims.dim, args[5])
+
+
+def _prefill_impl(projected_kv: torch.Tensor, state_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                  context_lens: torch.Tensor, state_block_idx: torch.Tensor, cu_compressed: torch.Tensor,
+                  compress_ratio: int, num_rows: int | None) -> torch.Tensor:
+    args = (projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+            compress_ratio, num_rows)
+    dims, fn = plan(_PREFILL_PLANS, _prefill_plan, args)
+    if debug_checks_enabled():
+        num_rows = check_prefill_values(*args)
+    if num_rows is None:
+        num_rows = int(cu_compressed[-1])  # one device sync; pass num_rows to avoid it
+    kv = torch.empty(num_rows, dims.dim, dtype=torch.bfloat16, device=projected_kv.device)
+    if num_rows:
+        fn(projected_kv.contiguous(), state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(),
+           state_block_idx.contiguous(), cu_compressed.contiguous(), kv)
+    return kv
+
+
+def _prefill_fake(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+                  compress_ratio, num_rows):
+    dims = check_prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
+                              cu_compressed, compress_ratio, num_rows)
+    check_cuda(projected_kv=projected_kv, state_cache=state_cache)
+    if num_rows is None:  # cu_compressed[-1]: a value of the metadata, unknown while tracing
+        num_rows = torch.library.get_ctx().new_dynamic_size()
+    return projected_kv.new_empty(num_rows, dims.dim, dtype=torch.bfloat16)
+
+
+def _decode_impl(projected_kv: torch.Tensor, state_cache: torch.Tensor, context_lens: torch.Tensor,
+                 state_block_idx: torch.Tensor, max_seqlen_q: int, compress_ratio: int) -> torch.Tensor:
+    args = (projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio)
+    dims, fn = plan(_DECODE_PLANS, _decode_plan, args)
+    if debug_checks_enabled():
+        check_decode_values(*args[:5])
+    kv = torch.empty(dims.num_tokens, dims.dim, dtype=torch.bfloat16, device=projected_kv.device)
+    if dims.num_tokens:
+        fn(projected_kv.contiguous(), state_cache, context_lens.contiguous(), state_block_idx.contiguous(),
+           kv)
+    return kv
+
+
+def _decode_fake(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio):
+    dims = check_decode_args(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
+                             compress_ratio)
+    check_cuda(projected_kv=projected_kv, state_cache=state_cache)
+    return projected_kv.new_empty(dims.num_tokens, dims.dim, dtype=torch.bfloat16)
+
+
+_PREFILL_OP = register_op("compress_prefill", _prefill_impl, _prefill_fake, mutates_args=("state_cache",))
+_DECODE_OP = register_op("compress_decode", _decode_impl, _decode_fake, mutates_args=("state_cache",))
 
 
 def compress_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
                      cu_compressed, compress_ratio, *, num_rows=None):
-    """Chunked prefill on the GPU; same contract as ``reference.compress.compress_prefill_ref``.
+    """Chunked prefill on the GPU (``torch.ops.tilelang_ops.compress_prefill``); same contract as
+    ``reference.compress.compress_prefill_ref``.
 
     projected_kv    [num_tokens, 2 * D] fp32   state_cache [num_state_slots, S, 2, D] fp32 (in place)
     cu_seqlens_q    [num_reqs + 1] int32       context_lens, state_block_idx [num_reqs] int32
     cu_compressed   [num_reqs + 1] int32       returns kv [rows, D] bf16
-    ``num_rows`` (= cu_compressed[-1], known to the metadata builder) avoids a device sync.
+    ``num_rows`` (= cu_compressed[-1], known to the metadata builder) avoids a device sync and keeps the
+    call CUDA-graph safe.
     """
-    dims = check_prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
-                              cu_compressed, compress_ratio, num_rows)
-    check_cuda(projected_kv=projected_kv, state_cache=state_cache)
-    _check_dim(dims.dim)
-    if debug_checks_enabled():
-        num_rows = check_prefill_values(projected_kv, state_cache, cu_seqlens_q, context_lens,
-                                        state_block_idx, cu_compressed, compress_ratio, num_rows)
-    if num_rows is None:
-        num_rows = int(cu_compressed[-1])  # one device sync; pass num_rows to avoid it
-    kv = torch.empty(num_rows, dims.dim, dtype=torch.bfloat16, device=projected_kv.device)
-    if num_rows == 0:
-        return kv
-    x = projected_kv.contiguous()
-    _check_aligned(projected_kv=x, state_cache=state_cache)
-    kernel = compress_prefill_kernel(dims.dim, compress_ratio)
-    kernel(x, state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(), state_block_idx.contiguous(),
-           cu_compressed.contiguous(), kv)
-    return kv
+    return call_op(_PREFILL_OP, _check_prefill, projected_kv, state_cache, cu_seqlens_q, context_lens,
+                   state_block_idx, cu_compressed, compress_ratio, num_rows)
 
 
 def compress_decode(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
                     compress_ratio):
-    """Decode / verification step on the GPU; same contract as ``compress_decode_ref``.
+    """Decode / verification step on the GPU (``torch.ops.tilelang_ops.compress_decode``); same
+    contract as ``compress_decode_ref``.
 
     projected_kv [total_q, 2 * D] fp32   state_cache [num_state_slots, S, 2, D] fp32 (in place)
     context_lens, state_block_idx [total_q] int32   returns kv [total_q, D] bf16
     The capacity rule ``S >= r + max_seqlen_q - 1`` is checked on the host before the launch.
     """
-    dims = check_decode_args(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
-                             compress_ratio)
-    check_cuda(projected_kv=projected_kv, state_cache=state_cache)
-    _check_dim(dims.dim)
-    if debug_checks_enabled():
-        check_decode_values(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q)
-    kv = torch.empty(dims.num_tokens, dims.dim, dtype=torch.bfloat16, device=projected_kv.device)
-    if dims.num_tokens == 0:
-        return kv
-    x = projected_kv.contiguous()
-    _check_aligned(projected_kv=x, state_cache=state_cache)
-    kernel = compress_decode_kernel(dims.dim, compress_ratio)
-    kernel(x, state_cache, context_lens.contiguous(), state_block_idx.contiguous(), kv)
-    return kv
+    return call_op(_DECODE_OP, _check_decode, projected_kv, state_cache, context_lens, state_block_idx,
+                   max_seqlen_q, compress_ratio)
 
 
 def compress(projected_kv, state_cache, metadata, compress_ratio, is_prefill, *,

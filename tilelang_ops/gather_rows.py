@@ -19,6 +19,7 @@ import torch
 
 from metadata.checks import check_cuda, debug_checks_enabled
 from metadata.gather_rows_args import VEC, check_gather_rows_args, check_gather_rows_index
+from tilelang_ops._library import call_op, kernel, plan, register_op
 
 
 @dataclass(frozen=True)
@@ -132,29 +133,63 @@ def _flat_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return x.as_strided(((n - 1) * stride + d,), (1,)), stride
 
 
-def gather_rows(x, index, *, config: GatherRowsConfig | None = None):
-    """``out[i] = x[index[i]]`` on the GPU; same contract as ``reference.gather_rows.gather_rows_ref``.
-
-    x      [N, D] bf16 (rows may be strided)   index [M] int32
-    returns out [M, D] bf16; an index outside [0, N) raises under TILELANG_OPS_DEBUG=1 and otherwise
-    gives a zero row (never a read outside x).
-    ``config``: launch shape (default: ``gather_rows_config``'s choice for this device).
-    """
-    n, d, m = check_gather_rows_args(x, index)
+def _check(x, index):
+    """Every host check of a call; returns (N, D, M)."""
+    dims = check_gather_rows_args(x, index)
     check_cuda(x=x, index=index)
+    return dims
+
+
+def _plan(x, index, config=None):
+    """(N, D, M, compiled kernel) of a call's static key, after its host checks."""
+    n, d, m = _check(x, index)
+    if config is None:
+        config = gather_rows_config(m, d, torch.cuda.get_device_properties(x.device))
+    return n, d, m, kernel(gather_rows_kernel, d, config.threads, config.vectors_per_thread)
+
+
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _launch(x, index, n, d, m, fn):
     if debug_checks_enabled():
         check_gather_rows_index(index, n)
     if n == 0 or m == 0:  # nothing to read: every row (if any) has a bad index
         return torch.zeros(m, d, dtype=torch.bfloat16, device=x.device)
     out = torch.empty(m, d, dtype=torch.bfloat16, device=x.device)
-    if config is None:
-        config = gather_rows_config(m, d, torch.cuda.get_device_properties(x.device))
-    elif not isinstance(config, GatherRowsConfig):
-        raise TypeError(f"config must be a GatherRowsConfig, got {type(config).__name__}")
     flat, stride = _flat_rows(x)
     # an int32 index never reaches row 2^31 - 1 or beyond, so N saturates there
-    get_kernel(d, config)(flat, index.contiguous(), out, min(n, INT32_MAX), stride // VEC)
+    fn(flat, index.contiguous(), out, min(n, INT32_MAX), stride // VEC)
     return out
+
+
+def _impl(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return _launch(x, index, *plan(_PLANS, _plan, (x, index)))
+
+
+def _fake(x, index):
+    n, d, m = _check(x, index)
+    return x.new_empty(m, d)
+
+
+_OP = register_op("gather_rows", _impl, _fake)
+
+
+def gather_rows(x, index, *, config: GatherRowsConfig | None = None):
+    """``out[i] = x[index[i]]`` on the GPU (``torch.ops.tilelang_ops.gather_rows``); same contract as
+    ``reference.gather_rows.gather_rows_ref``.
+
+    x      [N, D] bf16 (rows may be strided)   index [M] int32
+    returns out [M, D] bf16; an index outside [0, N) raises under TILELANG_OPS_DEBUG=1 and otherwise
+    gives a zero row (never a read outside x).
+    ``config``: launch shape (default: ``gather_rows_config``'s choice for this device); a call with a
+    config launches directly, outside the registered op (tests, benchmarks).
+    """
+    if config is None:
+        return call_op(_OP, _check, x, index)
+    if not isinstance(config, GatherRowsConfig):
+        raise TypeError(f"config must be a GatherRowsConfig, got {type(config).__name__}")
+    return _launch(x, index, *_plan(x, index, config))
 
 
 # (D, config) pairs the sm_90a build check compiles: the launch rule's two configurations at the engine's

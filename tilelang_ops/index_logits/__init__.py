@@ -25,6 +25,7 @@ from metadata.index_logits_args import (
     check_ragged_args,
     check_ragged_values,
 )
+from tilelang_ops._library import call_op, kernel, plan, register_op
 
 CODE_BYTES, SCALE_BYTES, INDEX_DIM = 64, 4, 128
 ROW_CHOICES = (1, 2, 4, 8)  # query rows per CTA the kernels are built for (n rounds up)
@@ -115,6 +116,20 @@ def get_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages: in
     return scores_kernel(mode, heads, rows, warps, kc, stages, vec16, min_ctas)
 
 
+def scores_factory():
+    """The scoring kernels' ``@tilelang.jit`` factory (imported on first use: the package imports
+    without TileLang's compile stack)."""
+    from tilelang_ops.index_logits.scores import scores_kernel
+
+    return scores_kernel
+
+
+def quantize_factory():
+    from tilelang_ops.index_logits.quantize import quantize_kernel
+
+    return quantize_kernel
+
+
 @functools.lru_cache(maxsize=None)
 def get_quantize_kernel(threads: int = 128):
     from tilelang_ops.index_logits.quantize import quantize_kernel
@@ -128,6 +143,9 @@ _DUMMY: dict = {}
 def _dummy_cand(device, rows: int) -> torch.Tensor:
     key = (str(device), rows)
     if key not in _DUMMY:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():  # the fill runs at replay only
+            raise RuntimeError(f"tilelang_ops: paged_index_logits for {rows} query rows was not run before "
+                               f"this CUDA graph capture; run the step once (or tilelang_ops.warmup) first")
         _DUMMY[key] = torch.full((rows, 1), -1, dtype=torch.int32, device=device)
     return _DUMMY[key]
 
@@ -140,75 +158,242 @@ def _aligned(*tensors) -> bool:
 # Launch plans: the static key, the kernel's arguments and its grid, shared with the CPU emulator.
 # ----------------------------------------------------------------------------------------------
 
-def paged_plan(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, *,
-               candidate_blocks=None, candidate_block_size=None, clean=False, out=None, config=None,
-               sms=None):
-    """(static key, kernel arguments, grid, logits) of a ``paged_index_logits`` call; the arguments are
-    checked (host-side only)."""
+def _paged_static(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
+                  candidate_block_size, clean, out, config=None, sms=None):
+    """(geometry, config, kernel static key) of a ``paged_index_logits`` call after its host checks."""
     geom = check_paged_args(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen,
                             candidate_blocks=candidate_blocks, candidate_block_size=candidate_block_size,
                             clean=clean, out=out)
-    dev = q_codes.device
     cand = candidate_blocks is not None
     mode = "cand" if cand else "paged"
     b, n = geom.b, geom.n
     if config is None:
         config = launch_config(mode, rows=b if not cand else b * n, width=max_klen, n=n,
-                               sms=sms if sms is not None else _sm_count(dev))
+                               sms=sms if sms is not None else _sm_count(q_codes.device))
     config.validate()
     if not cand and config.rows < n:
         raise ValueError(f"config.rows={config.rows} is below the {n} query rows per request")
     if cand and config.rows != 1:
         raise ValueError(f"candidate restriction scores one row per CTA: config.rows must be 1, got "
                          f"{config.rows}")
-    logits = out if out is not None else torch.empty((b, n, max_klen), dtype=torch.float32, device=dev)
     vec16 = geom.rows_per_block % 4 == 0 and _aligned(index_cache)
-    static = kernel_static(mode, geom.heads, config, vec16)
-    rows = b * n
-    cand2 = candidate_blocks.reshape(rows, -1).contiguous() if cand else _dummy_cand(dev, rows)
+    return geom, config, kernel_static(mode, geom.heads, config, vec16)
+
+
+def _paged_args(geom, config, q_codes, q_scales, weights, index_cache, block_tables, klen, candidate_blocks,
+                candidate_block_size, clean, logits):
+    """(kernel arguments, grid) of a checked ``paged_index_logits`` call."""
+    rows, max_klen = geom.b * geom.n, geom.max_klen
+    cand = candidate_blocks is not None
+    cand2 = candidate_blocks.reshape(rows, -1).contiguous() if cand else _dummy_cand(q_codes.device, rows)
     args = (q_codes.contiguous().reshape(rows, -1), q_scales.contiguous().reshape(rows, -1),
             weights.contiguous().reshape(rows, -1), index_cache.reshape(-1), block_tables.contiguous(),
-            klen.contiguous().reshape(-1), cand2, logits.reshape(rows, max_klen), n, geom.rows_per_block,
+            klen.contiguous().reshape(-1), cand2, logits.reshape(rows, max_klen), geom.n, geom.rows_per_block,
             geom.num_blocks, candidate_block_size or 1, config.keys_per_cta, int(clean))
-    grid = (b if not cand else rows, -(-max_klen // config.keys_per_cta))
+    grid = (geom.b if not cand else rows, -(-max_klen // config.keys_per_cta))
+    return args, grid
+
+
+def paged_plan(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, *,
+               candidate_blocks=None, candidate_block_size=None, clean=False, out=None, config=None,
+               sms=None):
+    """(static key, kernel arguments, grid, logits, geometry) of a ``paged_index_logits`` call; the
+    arguments are checked (host-side only)."""
+    geom, config, static = _paged_static(q_codes, q_scales, weights, index_cache, block_tables, klen,
+                                         max_klen, candidate_blocks, candidate_block_size, clean, out,
+                                         config, sms)
+    logits = out if out is not None else torch.empty((geom.b, geom.n, max_klen), dtype=torch.float32,
+                                                     device=q_codes.device)
+    args, grid = _paged_args(geom, config, q_codes, q_scales, weights, index_cache, block_tables, klen,
+                             candidate_blocks, candidate_block_size, clean, logits)
     return static, args, grid, logits, geom
+
+
+def _ragged_static(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean, out, config=None,
+                   sms=None):
+    """(geometry, config, kernel static key) of a ``ragged_index_logits`` call after its host checks."""
+    geom = check_ragged_args(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean=clean,
+                             out=out)
+    if config is None:
+        config = launch_config("ragged", rows=geom.t, width=max_width,
+                               sms=sms if sms is not None else _sm_count(q_codes.device))
+    config.validate()
+    aligned = _aligned(k_codes) if k_codes.is_contiguous() else True  # a copy is a fresh allocation
+    return geom, config, kernel_static("ragged", geom.heads, config, aligned)
+
+
+def _ragged_args(geom, config, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean, logits):
+    args = (q_codes.contiguous().reshape(geom.t, -1), q_scales.contiguous().reshape(geom.t, -1),
+            weights.contiguous(), k_codes.contiguous(), k_scales.contiguous(), ks.contiguous(),
+            ke.contiguous(), logits, geom.max_width, config.keys_per_cta, int(clean))
+    grid = (-(-geom.t // config.rows), -(-geom.max_width // config.keys_per_cta))
+    return args, grid
 
 
 def ragged_plan(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, *, clean=False, out=None,
                 config=None, sms=None):
-    """(static key, kernel arguments, grid, logits) of a ``ragged_index_logits`` call."""
-    geom = check_ragged_args(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean=clean,
-                             out=out)
-    dev = q_codes.device
-    if config is None:
-        config = launch_config("ragged", rows=geom.t, width=max_width,
-                               sms=sms if sms is not None else _sm_count(dev))
-    config.validate()
-    logits = out if out is not None else torch.empty((geom.t, max_width), dtype=torch.float32, device=dev)
-    k_codes, k_scales = k_codes.contiguous(), k_scales.contiguous()
-    static = kernel_static("ragged", geom.heads, config, _aligned(k_codes))
-    args = (q_codes.contiguous().reshape(geom.t, -1), q_scales.contiguous().reshape(geom.t, -1),
-            weights.contiguous(), k_codes, k_scales, ks.contiguous(), ke.contiguous(), logits, max_width,
-            config.keys_per_cta, int(clean))
-    grid = (-(-geom.t // config.rows), -(-max_width // config.keys_per_cta))
+    """(static key, kernel arguments, grid, logits, geometry) of a ``ragged_index_logits`` call."""
+    geom, config, static = _ragged_static(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width,
+                                          clean, out, config, sms)
+    logits = out if out is not None else torch.empty((geom.t, max_width), dtype=torch.float32,
+                                                     device=q_codes.device)
+    args, grid = _ragged_args(geom, config, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean,
+                              logits)
     return static, args, grid, logits, geom
 
 
 # ----------------------------------------------------------------------------------------------
-# Public wrappers.
+# Registered ops (SPEC 7) and the public wrappers.
 # ----------------------------------------------------------------------------------------------
 
-def quantize_index_rows(x):
-    """x [..., 128] bf16 -> (codes [..., 64] uint8, scales [..., 4] uint8): the index format's e2m1 /
-    UE8M0 / group-32 cast (SPEC 2), bitwise ``reference.index_logits.quantize_index_rows_ref``."""
+Tensor = torch.Tensor
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _quantize_check(x):
     lead = check_quantize_args(x)
     check_cuda(x=x)
+    return lead
+
+
+def _quantize_impl(x: Tensor) -> tuple[Tensor, Tensor]:
+    lead = plan(_PLANS, _quantize_check, (x,))
     rows = x.reshape(-1, INDEX_DIM).contiguous()
     codes = torch.empty((rows.shape[0], CODE_BYTES), dtype=torch.uint8, device=x.device)
     scales = torch.empty((rows.shape[0], SCALE_BYTES), dtype=torch.uint8, device=x.device)
     if rows.shape[0]:
-        get_quantize_kernel()(rows, codes, scales)
+        kernel(quantize_factory(), 128)(rows, codes, scales)
     return codes.reshape(*lead, CODE_BYTES), scales.reshape(*lead, SCALE_BYTES)
+
+
+def _quantize_fake(x):
+    lead = _quantize_check(x)
+    return (x.new_empty(*lead, CODE_BYTES, dtype=torch.uint8),
+            x.new_empty(*lead, SCALE_BYTES, dtype=torch.uint8))
+
+
+def _paged_check(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
+                 candidate_block_size, clean, out=None):
+    """Every host check of a paged call; returns (geometry, config, compiled kernel)."""
+    geom, config, static = _paged_static(q_codes, q_scales, weights, index_cache, block_tables, klen,
+                                         max_klen, candidate_blocks, candidate_block_size, clean, out)
+    check_cuda(q_codes=q_codes, index_cache=index_cache, block_tables=block_tables, klen=klen,
+               **({} if out is None else {"out": out}))
+    return geom, config, static
+
+
+def _paged_plan(*args):
+    geom, config, static = _paged_check(*args)
+    return geom, config, kernel(scores_factory(), *static)
+
+
+def _paged_launch(logits, geom, config, fn, q_codes, q_scales, weights, index_cache, block_tables, klen,
+                  candidate_blocks, candidate_block_size, clean):
+    if debug_checks_enabled():
+        check_paged_values(block_tables, klen, geom, candidate_blocks)
+    if geom.b and geom.max_klen:
+        args, _ = _paged_args(geom, config, q_codes, q_scales, weights, index_cache, block_tables, klen,
+                              candidate_blocks, candidate_block_size, clean, logits)
+        fn(*args)
+
+
+def _paged_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, index_cache: Tensor,
+                block_tables: Tensor, klen: Tensor, max_klen: int, candidate_blocks: Tensor | None,
+                candidate_block_size: int | None, clean: bool) -> Tensor:
+    args = (q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
+            candidate_block_size, clean)
+    geom, config, fn = plan(_PLANS, _paged_plan, args)
+    logits = torch.empty((geom.b, geom.n, max_klen), dtype=torch.float32, device=q_codes.device)
+    _paged_launch(logits, geom, config, fn, *args[:6], *args[7:])
+    return logits
+
+
+def _paged_out_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor,
+                    index_cache: Tensor, block_tables: Tensor, klen: Tensor, max_klen: int,
+                    candidate_blocks: Tensor | None, candidate_block_size: int | None, clean: bool,
+                    out: Tensor) -> None:
+    args = (q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
+            candidate_block_size, clean, out)
+    geom, config, fn = plan(_PLANS, _paged_plan, args)
+    _paged_launch(out, geom, config, fn, *args[:6], *args[7:10])
+
+
+def _paged_fake(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
+                candidate_block_size, clean):
+    geom, _, _ = _paged_check(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen,
+                              candidate_blocks, candidate_block_size, clean)
+    return q_codes.new_empty((geom.b, geom.n, max_klen), dtype=torch.float32)
+
+
+def _paged_out_fake(*args):
+    _paged_check(*args)
+
+
+def _ragged_check(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean, out=None):
+    """Every host check of a ragged call; returns (geometry, config, static key)."""
+    geom, config, static = _ragged_static(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width,
+                                          clean, out)
+    check_cuda(q_codes=q_codes, k_codes=k_codes, ks=ks, ke=ke, **({} if out is None else {"out": out}))
+    return geom, config, static
+
+
+def _ragged_plan(*args):
+    geom, config, static = _ragged_check(*args)
+    return geom, config, kernel(scores_factory(), *static)
+
+
+def _ragged_launch(logits, geom, config, fn, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean):
+    if debug_checks_enabled():
+        check_ragged_values(ks, ke, geom)
+    if geom.t == 0 or geom.max_width == 0 or geom.num_keys == 0 and not clean:
+        return
+    if geom.num_keys == 0:  # nothing to score; the kernels need a key tensor to point at
+        logits.fill_(float("-inf"))
+        return
+    args, _ = _ragged_args(geom, config, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean, logits)
+    fn(*args)
+
+
+def _ragged_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, k_codes: Tensor,
+                 k_scales: Tensor, ks: Tensor, ke: Tensor, max_width: int,
+                 clean: bool) -> Tensor:
+    args = (q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean)
+    geom, config, fn = plan(_PLANS, _ragged_plan, args)
+    logits = torch.empty((geom.t, max_width), dtype=torch.float32, device=q_codes.device)
+    _ragged_launch(logits, geom, config, fn, *args[:7], clean)
+    return logits
+
+
+def _ragged_out_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor,
+                     k_codes: Tensor, k_scales: Tensor, ks: Tensor, ke: Tensor,
+                     max_width: int, clean: bool, out: Tensor) -> None:
+    args = (q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean, out)
+    geom, config, fn = plan(_PLANS, _ragged_plan, args)
+    _ragged_launch(out, geom, config, fn, *args[:7], clean)
+
+
+def _ragged_fake(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean):
+    geom, _, _ = _ragged_check(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean)
+    return q_codes.new_empty((geom.t, max_width), dtype=torch.float32)
+
+
+def _ragged_out_fake(*args):
+    _ragged_check(*args)
+
+
+_QUANTIZE_OP = register_op("quantize_index_rows", _quantize_impl, _quantize_fake)
+_PAGED_OP = register_op("paged_index_logits", _paged_impl, _paged_fake)
+_PAGED_OUT_OP = register_op("paged_index_logits_out", _paged_out_impl, _paged_out_fake, mutates_args=("out",))
+_RAGGED_OP = register_op("ragged_index_logits", _ragged_impl, _ragged_fake)
+_RAGGED_OUT_OP = register_op("ragged_index_logits_out", _ragged_out_impl, _ragged_out_fake,
+                             mutates_args=("out",))
+
+
+def quantize_index_rows(x):
+    """x [..., 128] bf16 -> (codes [..., 64] uint8, scales [..., 4] uint8): the index format's e2m1 /
+    UE8M0 / group-32 cast (SPEC 2), bitwise ``reference.index_logits.quantize_index_rows_ref``
+    (``torch.ops.tilelang_ops.quantize_index_rows``)."""
+    return call_op(_QUANTIZE_OP, _quantize_check, x)
 
 
 def paged_index_logits(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, *,
@@ -220,18 +405,22 @@ def paged_index_logits(q_codes, q_scales, weights, index_cache, block_tables, kl
     max_klen host int; candidate_blocks [b, n, c] int32 and candidate_block_size 8 / 16: column i scores
     logical row blocks[i // bs] * bs + i % bs (-inf for a block of -1). Columns >= klen are left unwritten
     unless clean (-inf). Returns logits [b, n, max_klen] fp32 (``out`` when given).
+    ``torch.ops.tilelang_ops.paged_index_logits`` (``paged_index_logits_out`` writes ``out``); a call with
+    ``config`` launches directly, outside the registered ops (tests, benchmarks, tools).
     """
-    static, args, grid, logits, geom = paged_plan(
-        q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen,
-        candidate_blocks=candidate_blocks, candidate_block_size=candidate_block_size, clean=clean, out=out,
-        config=config)
-    check_cuda(q_codes=q_codes, index_cache=index_cache, block_tables=block_tables, klen=klen, out=logits)
-    if debug_checks_enabled():
-        check_paged_values(block_tables, klen, geom, candidate_blocks)
-    if geom.b == 0 or max_klen == 0:
+    args = (q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
+            candidate_block_size, clean)
+    if config is not None:
+        static, kargs, _, logits, geom = paged_plan(*args[:7], candidate_blocks=candidate_blocks,
+                                                    candidate_block_size=candidate_block_size, clean=clean,
+                                                    out=out, config=config)
+        check_cuda(q_codes=q_codes, index_cache=index_cache, out=logits)
+        _paged_launch(logits, geom, config, get_kernel(*static), *args[:6], *args[7:])
         return logits
-    get_kernel(*static)(*args)
-    return logits
+    if out is None:
+        return call_op(_PAGED_OP, _paged_check, *args)
+    call_op(_PAGED_OUT_OP, _paged_check, *args, out)
+    return out
 
 
 def ragged_index_logits(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, *, clean=False,
@@ -241,20 +430,19 @@ def ragged_index_logits(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, m
     q_codes [T, H, 64] uint8, q_scales [T, H, 4] uint8, weights [T, H] fp32, k_codes [N, 64] uint8,
     k_scales [N, 4] uint8, ks / ke [T] int32, max_width host int. Columns >= ke - ks are left unwritten
     unless clean (-inf). Returns logits [T, max_width] fp32; top-k takes end = ke - ks and
-    output_idx_offset = ks.
+    output_idx_offset = ks. ``torch.ops.tilelang_ops.ragged_index_logits`` (``ragged_index_logits_out``
+    writes ``out``); a call with ``config`` launches directly, outside the registered ops.
     """
-    static, args, grid, logits, geom = ragged_plan(q_codes, q_scales, weights, k_codes, k_scales, ks, ke,
-                                                   max_width, clean=clean, out=out, config=config)
-    check_cuda(q_codes=q_codes, k_codes=k_codes, ks=ks, ke=ke, out=logits)
-    if debug_checks_enabled():
-        check_ragged_values(ks, ke, geom)
-    if geom.t == 0 or max_width == 0 or geom.num_keys == 0 and not clean:
+    args = (q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean)
+    if config is not None:
+        static, _, _, logits, geom = ragged_plan(*args[:8], clean=clean, out=out, config=config)
+        check_cuda(q_codes=q_codes, k_codes=k_codes, ks=ks, ke=ke, out=logits)
+        _ragged_launch(logits, geom, config, get_kernel(*static), *args[:7], clean)
         return logits
-    if geom.num_keys == 0:  # nothing to score; the kernels need a key tensor to point at
-        logits.fill_(float("-inf"))
-        return logits
-    get_kernel(*static)(*args)
-    return logits
+    if out is None:
+        return call_op(_RAGGED_OP, _ragged_check, *args)
+    call_op(_RAGGED_OUT_OP, _ragged_check, *args, out)
+    return out
 
 
 def build_configs() -> list[tuple]:

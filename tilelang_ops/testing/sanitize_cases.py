@@ -1,6 +1,8 @@
 """One small launch of every kernel, for compute-sanitizer (tools/sanitize.sh; CUDA only).
 
-    python -m tilelang_ops.testing.sanitize_cases [op ...]      ops: compress kv_store compress_store topk index_logits gather_rows
+    python -m tilelang_ops.testing.sanitize_cases [op ...]
+
+(ops: compress kv_store compress_store topk index_logits gather_rows; default all)
 
 Each case calls a public wrapper on a small seeded batch (``tilelang_ops.testing.bad_input`` builders on
 the GPU) and compares it with its reference (the vectorized twins on the GPU), so a race that changes a
