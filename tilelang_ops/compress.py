@@ -376,7 +376,7 @@ def _decode_plan(*args):
 
 def _prefill_impl(projected_kv: torch.Tensor, state_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
                   context_lens: torch.Tensor, state_block_idx: torch.Tensor, cu_compressed: torch.Tensor,
-                  compress_ratio: int, num_rows: int | None) -> torch.Tensor:
+                  compress_ratio: int, num_rows: int | None = None) -> torch.Tensor:
     args = (projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
             compress_ratio, num_rows)
     dims, fn = plan(_PREFILL_PLANS, _prefill_plan, args)
@@ -392,7 +392,7 @@ def _prefill_impl(projected_kv: torch.Tensor, state_cache: torch.Tensor, cu_seql
 
 
 def _prefill_fake(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
-                  compress_ratio, num_rows):
+                  compress_ratio, num_rows=None):
     dims = check_prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
                               cu_compressed, compress_ratio, num_rows)
     check_cuda(projected_kv=projected_kv, state_cache=state_cache)

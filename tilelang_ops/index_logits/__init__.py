@@ -298,8 +298,8 @@ def _paged_launch(logits, geom, config, fn, q_codes, q_scales, weights, index_ca
 
 
 def _paged_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, index_cache: Tensor,
-                block_tables: Tensor, klen: Tensor, max_klen: int, candidate_blocks: Tensor | None,
-                candidate_block_size: int | None, clean: bool) -> Tensor:
+                block_tables: Tensor, klen: Tensor, max_klen: int, candidate_blocks: Tensor | None = None,
+                candidate_block_size: int | None = None, clean: bool = False) -> Tensor:
     args = (q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
             candidate_block_size, clean)
     geom, config, fn = plan(_PLANS, _paged_plan, args)
@@ -308,25 +308,35 @@ def _paged_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, index_cache:
     return logits
 
 
-def _paged_out_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor,
-                    index_cache: Tensor, block_tables: Tensor, klen: Tensor, max_klen: int,
-                    candidate_blocks: Tensor | None, candidate_block_size: int | None, clean: bool,
-                    out: Tensor) -> None:
+def _paged_out_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, index_cache: Tensor,
+                    block_tables: Tensor, klen: Tensor, max_klen: int, out: Tensor,
+                    candidate_blocks: Tensor | None = None, candidate_block_size: int | None = None,
+                    clean: bool = False) -> None:
     args = (q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
             candidate_block_size, clean, out)
     geom, config, fn = plan(_PLANS, _paged_plan, args)
     _paged_launch(out, geom, config, fn, *args[:6], *args[7:10])
 
 
-def _paged_fake(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
-                candidate_block_size, clean):
-    geom, _, _ = _paged_check(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen,
-                              candidate_blocks, candidate_block_size, clean)
+def _paged_out_check(*args):
+    """``_paged_check`` of the ``_out`` op's argument order (``out`` after ``max_klen``)."""
+    return _paged_check(*args[:7], *args[8:], args[7])
+
+
+def _paged_fake(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks=None,
+                candidate_block_size=None, clean=False, out=None):
+    geom = check_paged_args(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen,
+                            candidate_blocks=candidate_blocks, candidate_block_size=candidate_block_size,
+                            clean=clean, out=out)
+    check_cuda(q_codes=q_codes, index_cache=index_cache, block_tables=block_tables, klen=klen,
+               **({} if out is None else {"out": out}))
     return q_codes.new_empty((geom.b, geom.n, max_klen), dtype=torch.float32)
 
 
-def _paged_out_fake(*args):
-    _paged_check(*args)
+def _paged_out_fake(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, out,
+                    candidate_blocks=None, candidate_block_size=None, clean=False):
+    _paged_fake(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
+                candidate_block_size, clean, out)
 
 
 def _ragged_check(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean, out=None):
@@ -356,7 +366,7 @@ def _ragged_launch(logits, geom, config, fn, q_codes, q_scales, weights, k_codes
 
 def _ragged_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, k_codes: Tensor,
                  k_scales: Tensor, ks: Tensor, ke: Tensor, max_width: int,
-                 clean: bool) -> Tensor:
+                 clean: bool = False) -> Tensor:
     args = (q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean)
     geom, config, fn = plan(_PLANS, _ragged_plan, args)
     logits = torch.empty((geom.t, max_width), dtype=torch.float32, device=q_codes.device)
@@ -364,21 +374,27 @@ def _ragged_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, k_codes: Te
     return logits
 
 
-def _ragged_out_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor,
-                     k_codes: Tensor, k_scales: Tensor, ks: Tensor, ke: Tensor,
-                     max_width: int, clean: bool, out: Tensor) -> None:
+def _ragged_out_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, k_codes: Tensor, k_scales: Tensor,
+                     ks: Tensor, ke: Tensor, max_width: int, out: Tensor, clean: bool = False) -> None:
     args = (q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean, out)
     geom, config, fn = plan(_PLANS, _ragged_plan, args)
     _ragged_launch(out, geom, config, fn, *args[:7], clean)
 
 
-def _ragged_fake(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean):
-    geom, _, _ = _ragged_check(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean)
+def _ragged_out_check(*args):
+    """``_ragged_check`` of the ``_out`` op's argument order (``out`` after ``max_width``)."""
+    return _ragged_check(*args[:8], *args[9:], args[8])
+
+
+def _ragged_fake(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean=False, out=None):
+    geom = check_ragged_args(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean=clean,
+                             out=out)
+    check_cuda(q_codes=q_codes, k_codes=k_codes, ks=ks, ke=ke, **({} if out is None else {"out": out}))
     return q_codes.new_empty((geom.t, max_width), dtype=torch.float32)
 
 
-def _ragged_out_fake(*args):
-    _ragged_check(*args)
+def _ragged_out_fake(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, out, clean=False):
+    _ragged_fake(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean, out)
 
 
 _QUANTIZE_OP = register_op("quantize_index_rows", _quantize_impl, _quantize_fake)
@@ -419,7 +435,7 @@ def paged_index_logits(q_codes, q_scales, weights, index_cache, block_tables, kl
         return logits
     if out is None:
         return call_op(_PAGED_OP, _paged_check, *args)
-    call_op(_PAGED_OUT_OP, _paged_check, *args, out)
+    call_op(_PAGED_OUT_OP, _paged_out_check, *args[:7], out, *args[7:])
     return out
 
 
@@ -441,7 +457,7 @@ def ragged_index_logits(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, m
         return logits
     if out is None:
         return call_op(_RAGGED_OP, _ragged_check, *args)
-    call_op(_RAGGED_OUT_OP, _ragged_check, *args, out)
+    call_op(_RAGGED_OUT_OP, _ragged_out_check, *args[:8], out, clean)
     return out
 
 

@@ -1,0 +1,232 @@
+"""Torch integration (SPEC 7): registered ops, fake implementations, torch.compile, CUDA graphs.
+
+CPU tier: every public op is ``torch.ops.tilelang_ops.<name>`` with the ``mutates_args`` SPEC 7 names;
+each fake (run under ``FakeTensorMode`` on fake CUDA tensors) gives the shapes and dtypes of the
+reference's outputs on the same arguments, on the CUDA device, and runs the host checks; a decode step
+traces under ``torch.compile(fullgraph=True)`` into one graph holding the ops. GPU tier:
+``torch.library.opcheck`` of every op, torch.compile bitwise equal to eager, and a CUDA-graph capture of
+a decode step replayed on new inputs, bitwise equal to eager.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+import tilelang_ops
+from tilelang_ops.testing import bad_input as B
+from tilelang_ops.testing.torch_ops import CASES, MUTATES, OP_CASES, outputs, to_fake_cuda
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _op(name):
+    return getattr(torch.ops.tilelang_ops, name).default
+
+
+def _meta(result):
+    return [(tuple(t.shape), t.dtype) for t in outputs(result)]
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU tier
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(MUTATES))
+def test_op_is_registered_with_what_it_writes(name):
+    schema = _op(name)._schema
+    written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    assert written == MUTATES[name], f"{name}: schema {schema} writes {written}, SPEC 7 says {MUTATES[name]}"
+    assert name in tilelang_ops.OPS
+
+
+def test_every_registered_op_has_cases_and_a_top_level_function():
+    assert set(tilelang_ops.OPS) == set(MUTATES), "MUTATES lists every registered op"
+    assert {c.op for c in CASES} == set(MUTATES), "every op has an OpCase"
+    for c in CASES:
+        fn = getattr(tilelang_ops, c.fn_path.split(":")[1])
+        assert fn is c.fn, f"tilelang_ops.{fn.__name__} is not {c.fn_path}"
+
+
+def test_package_import_compiles_nothing(tmp_path):
+    cache = tmp_path / "cache"
+    code = "import tilelang_ops, torch; print(len(tilelang_ops.OPS), torch.ops.tilelang_ops.compress_decode)"
+    env = dict(os.environ, TILELANG_CACHE_DIR=str(cache), PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    compiled = [p for p in cache.rglob("*") if p.is_file()] if cache.exists() else []
+    assert not compiled, f"importing tilelang_ops wrote {compiled[:5]}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_fake_gives_the_reference_outputs_shapes(case):
+    call = case.call("cpu")
+    want = _meta(call.fresh()(case.ref))
+    with FakeTensorMode():
+        got_result = to_fake_cuda(call)(case.fn)
+        got = _meta(got_result)
+        devices = {t.device.type for t in outputs(got_result)}
+    assert got == want, f"{case.id}: fake outputs {got}, reference {want}"
+    assert devices <= {"cuda"}, f"{case.id}: fake outputs on {devices}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_fake_runs_the_host_checks(case):
+    call = case.call("cpu")
+    first = next(iter(call.args))
+    bad = call.with_(**{first: call[first][..., :1]})  # the first tensor cut to one column
+    with FakeTensorMode(), pytest.raises((TypeError, ValueError), match=first):
+        to_fake_cuda(bad)(case.fn)
+
+
+@pytest.mark.parametrize("value, kind", [(torch.tensor(3), "tensor"), (True, "bool"), (3.0, "float")],
+                         ids=["tensor", "bool", "float"])
+def test_scalar_arguments_are_checked_before_the_dispatcher(value, kind):
+    """The dispatcher would take a 0-d tensor, a bool or a float as the int; the call names it instead."""
+    call = B.decode_call("cpu").with_(max_seqlen_q=value)
+    with pytest.raises(TypeError, match="max_seqlen_q"):
+        call(tilelang_ops.compress_decode)
+
+
+def test_cpu_tensors_get_the_named_device_error():
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        B.decode_call("cpu")(tilelang_ops.compress_decode)
+
+
+def _decode_step(x, state, ctx, slots, q, w, cache, tables, klen):
+    """A decode step's compress and index scoring: compress_decode -> quantize -> paged_index_logits."""
+    kv = tilelang_ops.compress_decode(x, state, ctx, slots, 3, 2)
+    codes, scales = tilelang_ops.quantize_index_rows(q)
+    logits = tilelang_ops.paged_index_logits(codes, scales, w, cache, tables, klen, 150, clean=True)
+    return kv, logits
+
+
+def _step_inputs(device="cpu"):
+    d = B.decode_call(device)
+    p = OP_CASES["paged_index_logits"].call(device)
+    g = torch.Generator().manual_seed(3)
+    q = (torch.randn(*p["q_codes"].shape[:-1], 128, generator=g)).bfloat16().to(device)
+    return (d["projected_kv"], d["state_cache"], d["context_lens"], d["state_block_idx"], q, p["weights"],
+            p["index_cache"], p["block_tables"], p["klen"])
+
+
+def test_decode_step_compiles_into_one_graph():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    inputs = _step_inputs()
+    with FakeTensorMode():
+        fake = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda") for t in inputs]
+        torch._dynamo.reset()
+        kv, logits = torch.compile(_decode_step, backend=backend, fullgraph=True)(*fake)
+    assert len(graphs) == 1
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    for op in ("compress_decode", "quantize_index_rows", "paged_index_logits"):
+        assert f"tilelang_ops.{op}.default" in targets, f"{op} not in the graph: {targets}"
+    assert kv.shape == (inputs[0].shape[0], inputs[0].shape[1] // 2) and logits.shape[-1] == 150
+
+
+def test_prefill_without_num_rows_traces_a_dynamic_row_count():
+    call = B.prefill_call("cpu")
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def step(*args):
+        return tilelang_ops.compress_prefill(*args, num_rows=None)
+
+    with FakeTensorMode(shape_env=ShapeEnv()):  # as torch.compile of real tensors has
+        fake = to_fake_cuda(call)
+        torch._dynamo.reset()
+        kv = torch.compile(step, backend=backend, fullgraph=True)(*fake.args.values())
+    assert kv.shape[1] == call["projected_kv"].shape[1] // 2 and len(graphs) == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU tier
+# ----------------------------------------------------------------------------------------------
+
+def _schema_kwargs(case, call):
+    """The call's arguments by schema name (what torch.ops and opcheck take)."""
+    kw = {**call.args, **call.kwargs}
+    names = {a.name for a in _op(case.op)._schema.arguments}
+    return {k: v for k, v in kw.items() if k in names}
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_opcheck(case):
+    call = case.call("cuda")
+    torch.library.opcheck(_op(case.op), (), _schema_kwargs(case, call))
+
+
+def _clone(inputs):
+    return [t.clone() for t in inputs]
+
+
+def _bitwise(name, got, want):
+    for i, (g, w) in enumerate(zip(outputs(got), outputs(want))):
+        gb, wb = g.contiguous().view(torch.uint8), w.contiguous().view(torch.uint8)
+        bad = (gb != wb).nonzero()
+        assert bad.numel() == 0, f"{name} output {i}: {bad.shape[0]} bytes differ, first {bad[:4].tolist()}"
+
+
+@needs_cuda
+def test_compiled_decode_step_is_bitwise_eager():
+    inputs = _step_inputs("cuda")
+    eager_in, compiled_in = _clone(inputs), _clone(inputs)
+    want = _decode_step(*eager_in)
+    torch._dynamo.reset()
+    got = torch.compile(_decode_step, fullgraph=True)(*compiled_in)
+    _bitwise("compiled step", got, want)
+    _bitwise("state ring after the compiled step", compiled_in[1], eager_in[1])
+
+
+@needs_cuda
+def test_cuda_graph_replay_of_a_decode_step_is_bitwise_eager():
+    static = _clone(_step_inputs("cuda"))
+    state0 = static[1].clone()
+    tilelang_ops.warmup(_decode_step, *_clone(static), progress=None)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            captured = _decode_step(*static)
+    torch.cuda.current_stream().wait_stream(stream)
+    for seed in (1, 2):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        fresh = [static[0].clone().normal_(generator=g), state0.clone(), *static[2:4],
+                 static[4].clone().normal_(generator=g), *static[5:]]
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        eager_in = _clone(fresh)
+        want = _decode_step(*eager_in)
+        torch.cuda.synchronize()
+        _bitwise(f"replay {seed}", captured, want)
+        _bitwise(f"state ring after replay {seed}", static[1], eager_in[1])
+
+
+@needs_cuda
+def test_a_compile_during_capture_raises():
+    from tilelang_ops._library import kernel
+    from tilelang_ops.gather_rows import gather_rows_kernel
+
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), pytest.raises(RuntimeError, match="CUDA graph"):
+        with torch.cuda.graph(graph, stream=stream):
+            kernel(gather_rows_kernel, 4104, 256, 4)  # a width no test compiles
