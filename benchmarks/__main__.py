@@ -16,7 +16,7 @@ import torch
 from benchmarks.harness import RESULTS_DIR, Harness, current_commit, device_slug
 from benchmarks.results import plot, save
 
-BENCH_MODULES = ("compress", "kv_store", "compress_store", "topk", "gather_rows", "index_logits")
+BENCH_MODULES = ("compress", "kv_store", "compress_store", "topk", "gather_rows", "index_logits", "host")
 
 
 def main(argv):

@@ -121,6 +121,7 @@ class Harness:
     """Measures the copy roofline once and collects one row per case."""
 
     rows: list = field(default_factory=list)
+    host_rows: list = field(default_factory=list)
     copy_gbps: float = 0.0
     only: str | None = None  # run only ops whose name contains this
 
@@ -148,6 +149,15 @@ class Harness:
         self.rows.append(dict(op=op, case=case, us=us, gbps=gbps, roofline=roof, eager_us=eager_us,
                               compile_us=compile_us, peers=peers or {}, nbytes=nbytes, line=line))
 
+    def report_host(self, case: str, us: float, device_us: float, x_torch_add: float) -> None:
+        """One host-cost line (benchmarks/bench_host.py): eager wall us per call, graph-replay us."""
+        line = (f"BENCH op=host case={case} us={us:.1f} device_us={device_us:.1f} "
+                f"x_torch_add={x_torch_add:.2f}")
+        print(line)
+        sys.stdout.flush()
+        self.host_rows.append(dict(op="host", case=case, us=us, device_us=device_us, x_torch_add=x_torch_add,
+                                   line=line))
+
     def records(self, device: str, commit: str, date: str) -> list[dict]:
         """One JSON-ready record per case: ours, GB/s, roofline fraction, and every peer's us (eager and
         torch.compile of the reference twin included) with its roofline fraction over the same bytes."""
@@ -165,6 +175,10 @@ class Harness:
                             peers={k: dict(us=round(v, 2), roofline=frac(v) and round(frac(v), 4))
                                    for k, v in peers.items() if v},
                             copy_gbps=round(self.copy_gbps, 1), device=device, commit=commit, date=date))
+        for r in self.host_rows:
+            out.append(dict(op="host", case=r["case"], us=round(r["us"], 2),
+                            device_us=round(r["device_us"], 2), x_torch_add=round(r["x_torch_add"], 2),
+                            device=device, commit=commit, date=date))
         return out
 
     def table(self) -> str:
@@ -177,4 +191,10 @@ class Harness:
                  fmt(r["eager_us"], ".1f"), fmt(r["compile_us"], ".1f"),
                  fmt(r["eager_us"] and r["eager_us"] / r["us"], ".2f"),
                  fmt(r["compile_us"] and r["compile_us"] / r["us"], ".2f")] for r in self.rows]
-        return format_table(f"benchmarks (copy roofline {self.copy_gbps:,.0f} GB/s)", header, rows)
+        text = format_table(f"benchmarks (copy roofline {self.copy_gbps:,.0f} GB/s)", header, rows)
+        if self.host_rows:
+            host = [[r["case"], f"{r['us']:.1f}", f"{r['device_us']:.1f}", f"{r['x_torch_add']:.2f}"]
+                    for r in self.host_rows]
+            text += "\n\n" + format_table("host cost per eager call", ["case", "eager us", "device us",
+                                                                        "x torch.add"], host)
+        return text

@@ -1,0 +1,102 @@
+"""Host cost of an eager call at decode sizes (issue-33 table): wall time per call of back-to-back calls
+beside the device time of the same call replayed from a CUDA graph, and the ratio to a plain
+``torch.add`` on a [64, 8192] fp32 tensor (the floor of any eager torch op).
+
+    BENCH op=host case=<op>_<size> us=<eager wall per call> device_us=<graph replay> x_torch_add=<ratio>
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from benchmarks.harness import Harness, time_graph_us
+from metadata import FP4_INDEX_KV_FORMAT, FP8_MAIN_KV_FORMAT, SeqMetadata, prepare_tensor_input
+
+CALLS = 2000  # back-to-back eager calls per measurement
+B = 64  # decode batch
+
+
+def wall_us(fn, calls: int = CALLS) -> float:
+    """Wall microseconds per call of ``calls`` back-to-back calls (the host work, once it outlasts the
+    device's)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def _decode_meta():
+    """Metadata of B single-token decode steps, each completing a compressed row (C2, 16-token blocks)."""
+    seqs = [SeqMetadata(1, 16, [r], r) for r in range(B)]
+    return prepare_tensor_input(seqs, is_prefill=False, block_size=16, compress_ratios=(2,)).to("cuda")
+
+
+def _cases():
+    import tilelang_ops as ops
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dev = "cuda"
+    d = 512
+    cases = {}
+    a = torch.randn(64, 8192, device=dev)
+    cases["torch_add_64x8192"] = lambda: torch.add(a, a)
+
+    m = _decode_meta()
+    x = torch.randn(B, 2 * d, device=dev, generator=g)
+    state = torch.randn(B, 2, 2, d, device=dev, generator=g)
+    ctx, slot = m.context_lens, m.state_block_idx
+    cases["compress_decode_b64"] = lambda: ops.compress_decode(x, state, ctx, slot, 1, 2)
+
+    cos = torch.randn(4096, 32, device=dev, generator=g)
+    sin = torch.randn(4096, 32, device=dev, generator=g)
+    for name, fmt, hadamard in (("store_fp8_64", FP8_MAIN_KV_FORMAT, False),
+                                ("store_fp4_index_64", FP4_INDEX_KV_FORMAT, True)):
+        kv = torch.randn(64, fmt.dim, device=dev, generator=g).bfloat16()
+        w = torch.rand(fmt.dim, device=dev, generator=g).bfloat16()
+        pos = torch.arange(64, device=dev)
+        slots = torch.arange(64, device=dev)
+        cache = torch.zeros(8, fmt.block_bytes(64), dtype=torch.uint8, device=dev)
+        cases[name] = (lambda kv=kv, w=w, pos=pos, slots=slots, cache=cache, fmt=fmt, hadamard=hadamard:
+                       ops.norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt,
+                                                         rope_dim=64, interleaved=True, hadamard=hadamard))
+
+    k = "2"
+    main = torch.zeros(B + 8, FP8_MAIN_KV_FORMAT.block_bytes(8), dtype=torch.uint8, device=dev)
+    wcs = torch.rand(d, device=dev, generator=g).bfloat16()
+    cases["compress_store_decode_b64"] = lambda: ops.compress_store_decode(
+        x, state, ctx, slot, 1, 2, wcs, 1e-6, cos, sin, m.compressed_positions[k],
+        m.slot_mapping_store_ca[k], main, FP8_MAIN_KV_FORMAT, rope_dim=64, interleaved=True)
+
+    scores = torch.randn(B, 8192, device=dev, generator=g)
+    end = torch.full((B,), 8000, dtype=torch.int32, device=dev)
+    cases["topk_b64x8192_k512"] = lambda: ops.topk(scores, 512, end=end)
+
+    rows = torch.randn(4 * B, d, device=dev, generator=g).bfloat16()
+    index = torch.randperm(4 * B, device=dev)[:B].int()
+    cases["gather_rows_64x512"] = lambda: ops.gather_rows(rows, index)
+
+    q = torch.randn(B, 1, 64, 128, device=dev, generator=g).bfloat16()
+    cases["quantize_index_rows_b64"] = lambda: ops.quantize_index_rows(q)
+    return cases
+
+
+def run(h: Harness) -> None:
+    cases = _cases()
+    floor = wall_us(cases["torch_add_64x8192"])
+    for name, fn in cases.items():
+        try:
+            us = wall_us(fn)
+            dev_us = time_graph_us(fn)
+        except Exception as exc:  # noqa: BLE001 - a case that fails is reported, the rest still run
+            print(f"host {name} failed: {type(exc).__name__}: {str(exc)[:300]}")
+            continue
+        h.report_host(name, us, dev_us, us / floor)
