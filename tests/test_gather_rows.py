@@ -136,6 +136,19 @@ def test_config_rejects(kwargs):
 
 
 @pytest.mark.build
+def test_emulator_runs_the_kernel_bitwise():
+    """The generated CUDA on the CPU emulator (tools/check_gather_rows_emu.py), blocks in reverse order, on
+    a ragged width with out-of-range entries and a strided x; and a broken bound is caught."""
+    from tools.check_gather_rows_emu import CASES, MUTATIONS, mismatches, source
+
+    case = next(c for c in CASES if c.id == "d512_m40_bad_strided")
+    src = source(case.d, case.config)
+    assert mismatches(src, case, "reverse") == 0
+    a, b = MUTATIONS["upper_bound"]
+    assert a in src and mismatches(src.replace(a, b), case, "forward") > 0, "the emulator misses a bad bound"
+
+
+@pytest.mark.build
 def test_kernels_build_for_sm90():
     from tilelang_ops.build import compile_for_sm90
     from tilelang_ops.gather_rows import build_configs
