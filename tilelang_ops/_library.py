@@ -1,14 +1,14 @@
 """The public ops as ``torch.ops.tilelang_ops.<name>`` (SPEC 7), and the cheap eager path they share.
 
-Registration. Each op is a ``torch.library.custom_op`` (schema inferred from the annotated
-implementation, ``mutates_args`` naming what it writes in place, a fake implementation that runs the
-host checks and only allocates outputs), so ``torch.compile`` traces it as one node and
-``torch.library.opcheck`` tests it. ``custom_op`` puts two Python layers in front of a CUDA kernel on
-every eager call: an Autograd kernel that checks ``requires_grad`` and redispatches, and an
-ADInplaceOrView kernel that bumps the version counter of each mutated tensor. The ops have no
-derivative (indices, caches, quantized bytes), so the Autograd and ADInplaceOrView keys fall through
-in C++ and the CUDA key calls the implementation directly, which bumps the version counters itself:
-the dispatcher then costs about as much as for a built-in op.
+Registration. Each op is defined in the ``tilelang_ops`` torch library with the schema
+``torch.library.infer_schema`` gives its annotated implementation (``mutates_args`` naming what it
+writes in place) and a fake implementation that runs the host checks and only allocates outputs, so
+``torch.compile`` traces it as one node and ``torch.library.opcheck`` tests it. ``custom_op`` would put
+two Python layers in front of the kernel on every eager call (an Autograd kernel that checks
+``requires_grad`` and redispatches, an ADInplaceOrView kernel that bumps the version counters). The ops
+have no derivative (indices, caches, quantized bytes), so those keys fall through in C++ and the CUDA
+key calls the implementation directly, which bumps the version counters itself: the dispatcher then
+costs about as much as for a built-in op.
 
 Eager path. A call's static key (the shapes, strides, dtypes and devices of its tensors, the 16-byte
 alignment of their addresses and its Python scalars) maps to a launch plan made by the op's full host
@@ -23,7 +23,6 @@ Compiles. Kernels are compiled on the first call that needs them (``kernel``), o
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -31,7 +30,7 @@ import torch
 NAMESPACE = "tilelang_ops"
 
 # The Library object that holds the direct registrations must stay alive as long as the ops.
-_LIB = torch.library.Library(NAMESPACE, "IMPL")
+_LIB = torch.library.Library(NAMESPACE, "DEF")
 OPS: dict[str, object] = {}
 # (position, Python type, optional) of each op's scalar arguments: the dispatcher would take a 0-d tensor
 # or a bool as an int, so the Python API checks the exact type first
@@ -60,19 +59,17 @@ def register_op(name: str, impl: Callable, fake: Callable, *, mutates_args: Sequ
     """Define ``torch.ops.tilelang_ops.<name>`` from ``impl`` (annotated, positional arguments only:
     the schema is inferred from its signature), with ``fake`` as its fake implementation; returns the
     op's default overload."""
-    op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=tuple(mutates_args),
-                                 device_types="cuda")
-    op.register_fake(fake)
-    params = list(torch.library.infer_schema(impl, mutates_args=tuple(mutates_args)).split("(", 1)[1]
-                  .rsplit(")", 1)[0].split(", "))
+    schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates_args))
+    _LIB.define(name + schema)
+    params = schema.split("(", 1)[1].rsplit(")", 1)[0].split(", ")
     mutated = tuple(i for i, p in enumerate(params) if "(a" in p and "!)" in p)
-    with warnings.catch_warnings():  # the overrides below are deliberate (see the module docstring)
-        warnings.simplefilter("ignore")
-        _LIB.impl(name, torch.library.fallthrough_kernel, "Autograd")
-        _LIB.impl(name, torch.library.fallthrough_kernel, "ADInplaceOrView")
-        _LIB.impl(name, _bump_versions(impl, mutated), "CUDA")
-        # CPU tensors reach the implementation too, whose host checks name the argument on the CPU
-        _LIB.impl(name, impl, "CPU")
+    # no derivative: Autograd and ADInplaceOrView fall through in C++ (see the module docstring)
+    _LIB.impl(name, torch.library.fallthrough_kernel, "Autograd")
+    _LIB.impl(name, torch.library.fallthrough_kernel, "ADInplaceOrView")
+    _LIB.impl(name, _bump_versions(impl, mutated), "CUDA")
+    # CPU tensors reach the implementation too, whose host checks name the argument on the CPU
+    _LIB.impl(name, impl, "CPU")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIB)
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
     OPS[name] = overload
     _SCALAR_ARGS[overload] = tuple((i, _SCALAR_TYPES[p.split()[0].rstrip("?")], p.split()[0].endswith("?"))
