@@ -44,19 +44,25 @@ from tilelang_ops.kv_store import (
     DEFAULT_CONFIGS,
     HMMA_PRELUDE,
     INV_E4M3_PRELUDE,
-    OPTION_NAMES,
     KVStoreConfig,
     check_config,
     chunks_fit,
     kv_store_kernel,
     launch_config,
     norm_rope_hadamard_cast_store,
-    option_applies,
     static_args,
     uses_hadamard_mma,
 )
 from tilelang_ops.testing import compare_bitwise
-from tilelang_ops.testing.kv_store import FORMATS, SENTINEL, StoreCase, hadamard_mma_model, make_inputs
+from tilelang_ops.testing.kv_store import (
+    FORMATS,
+    SENTINEL,
+    StoreCase,
+    all_options,
+    hadamard_mma_model,
+    make_inputs,
+    no_options,
+)
 
 
 def f32(v):
@@ -804,17 +810,6 @@ def test_errors_before_any_write(name):
 # ------------------------------------------------------------------------------------------------
 
 
-def no_options(fmt_name: str, **fields) -> KVStoreConfig:
-    """The format's default config with every option off (``fields`` override the rest)."""
-    return DEFAULT_CONFIGS[fmt_name].replace(**{n: False for n in OPTION_NAMES}, **fields)
-
-
-def all_options(fmt_name: str, **fields) -> KVStoreConfig:
-    """The format's default config with every option that applies to it on."""
-    fmt = FORMATS[fmt_name]
-    return DEFAULT_CONFIGS[fmt_name].replace(**{n: option_applies(n, fmt) for n in OPTION_NAMES}, **fields)
-
-
 PLAIN = KVStoreConfig()  # two chunks, one row per thread, no options, the compiler's register choice
 
 # (id, static args of kv_store_kernel: format .. slot dtype, config)
@@ -1007,6 +1002,30 @@ def test_compare_store_can_fail():
         compare_store(bad, cache, fmt, slots)
 
 
+
+
+# ---- the CPU emulator (tools/check_kv_store_emu.py) on the launch rule's kernel of each format ----
+
+EMU_CASES = {"fp8_main": 0, "fp4_main": 4, "fp4_index": 7, "bf16": 12}  # indices into its CASES
+
+
+@pytest.mark.parametrize("fmt_name", list(EMU_CASES))
+def test_cpu_emulator_runs_the_default_kernel(fmt_name):
+    """The generated CUDA of a large launch's config (R = 2; slot -1, slots beyond the cache and positions
+    beyond the table included), run on CPU: cache and out_norm bitwise equal to the twin."""
+    from tools import check_kv_store_emu as emu
+
+    case, _, has_norm, bad = emu.CASES[EMU_CASES[fmt_name]]
+    assert case.fmt == fmt_name
+    mismatches, line = emu.check_case(case, (2,), has_norm, bad, configs=("default",), orders=("forward",))
+    assert mismatches == 0, line
+
+
+def test_cpu_emulator_catches_a_broken_kernel():
+    from tools import check_kv_store_emu as emu
+
+    assert emu.mutation_caught(0, emu.MUTATIONS["rstd_scaled"])
+    assert emu.mutation_caught(EMU_CASES["fp4_index"], emu.OPTION_MUTATIONS["bf16x2_scale_round"][1])
 
 
 GPU = "cuda"  # the GPU-tier tests' device

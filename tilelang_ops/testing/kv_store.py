@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from metadata.cache_format import BF16_KV_FORMAT, FP4_INDEX_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT
-from tilelang_ops.kv_store import DEFAULT_CONFIGS
+from tilelang_ops.kv_store import DEFAULT_CONFIGS, OPTION_NAMES, KVStoreConfig, option_applies
 
 SENTINEL = 0xA5  # the byte a fresh cache holds (unwritten bytes must keep it)
 FORMATS = {f.name: f for f in (FP8_MAIN_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP4_INDEX_KV_FORMAT, BF16_KV_FORMAT)}
@@ -27,6 +27,17 @@ class StoreCase:
     rows_per_block: int = 8
     index_dtype: torch.dtype = torch.int64
     rope_dim: int = 64  # rotated channels (the last rope_dim of the row)
+
+
+def no_options(fmt_name: str, **fields) -> KVStoreConfig:
+    """The format's default config with every option off (``fields`` override the rest)."""
+    return DEFAULT_CONFIGS[fmt_name].replace(**{n: False for n in OPTION_NAMES}, **fields)
+
+
+def all_options(fmt_name: str, **fields) -> KVStoreConfig:
+    """The format's default config with every option that applies to it on."""
+    fmt = FORMATS[fmt_name]
+    return DEFAULT_CONFIGS[fmt_name].replace(**{n: option_applies(n, fmt) for n in OPTION_NAMES}, **fields)
 
 
 def make_inputs(case: StoreCase, device="cpu", max_position=64, num_blocks=None, gen=None):
