@@ -509,6 +509,26 @@ def test_kernels_build_for_sm90(fmt_name):
         assert "% ((int64_t)ring)" not in src and "% ring)" in src
 
 
+@pytest.mark.parametrize("index", [0, 2, 7, 9], ids=["prefill_fp8", "prefill_fp4_half_i64", "decode_fp8",
+                                                   "decode_bf16_half"])
+def test_cpu_emulator_runs_the_kernels(index):
+    """The generated CUDA of the prefill kernel (the launch rule's config) and the decode kernel, run on
+    CPU (tools/check_compress_store_emu.py) with the blocks in reverse order: ring, cache and out_norm
+    bitwise equal to the twins."""
+    from tools import check_compress_store_emu as emu
+
+    case, configs = emu.CASES[index]
+    assert configs[0] is None or configs[0] == prefill_config(1)
+    mismatches, line = emu.check_case(case, configs[:1], orders=("reverse",))
+    assert mismatches == 0, line
+
+
+def test_cpu_emulator_catches_a_broken_kernel():
+    from tools import check_compress_store_emu as emu
+
+    assert emu.mutation_caught("ring_read_entry", 0) and emu.mutation_caught("weight_off_by_1e-4", 0)
+
+
 # ----------------------------------------------------------------------------------------------
 # kernel vs two-kernel pipeline and vs references (GPU tier)
 # ----------------------------------------------------------------------------------------------
