@@ -141,7 +141,9 @@ BENCH_R, BENCH_RING = 2, 7
 CHUNK = 4096  # prefill: requests of CHUNK tokens, each starting at an odd position
 
 
-def _bench_inputs(seqs, prefill, fmt, device):
+def bench_inputs(seqs, prefill, fmt, device="cuda"):
+    """The benchmark's batch for ``seqs`` (validated by the builder before any tensor exists):
+    (args, kwargs, rows, stored rows)."""
     R = BENCH_R
     meta = prepare_tensor_input(seqs, is_prefill=prefill, block_size=GPU_BLOCK,
                                 compress_ratios=(R,)).to(device)
@@ -181,7 +183,7 @@ def prefill_batch(num_reqs, fmt, norm=True, device="cuda"):
         s, first = _bench_seq(CHUNK, start + CHUNK, first, i)
         seqs.append(s)
         ring_reads += start % R
-    args, kw, rows, stored = _bench_inputs(seqs, True, fmt, device)
+    args, kw, rows, stored = bench_inputs(seqs, True, fmt, device)
     ring_writes = num_reqs * min(CHUNK, BENCH_RING)
     nbytes = (num_reqs * CHUNK + ring_reads + ring_writes) * 2 * D * 4 + stored * fmt.row_bytes
     if norm:
@@ -202,6 +204,6 @@ def decode_batch(batch, q, fmt, device="cuda"):
         for p in range(before, before + q):
             if p % R == R - 1:
                 ring_reads += sum(1 for t in range(p - R + 1, p + 1) if t < before)
-    args, kw, rows, stored = _bench_inputs(seqs, False, fmt, device)
+    args, kw, rows, stored = bench_inputs(seqs, False, fmt, device)
     nbytes = (2 * batch * q + ring_reads) * 2 * D * 4 + stored * fmt.row_bytes + rows * D * 2
     return args, kw, nbytes
