@@ -8,7 +8,7 @@ slots beyond the cache and positions beyond the table. Each config of ``CONFIGS`
 they differ from the default). The BF16x2 helpers of e2m1_bf16x2 and amax_bf16x2 run as C++ emulations
 (``EMU_PRELUDE``: exact FMA, one RNE to BF16; prmt / vmax on the bytes / halves; ``EMU_AMAX_PRELUDE``:
 max.xorsign.abs on the halves). `--mutate` checks that deliberately broken sources are caught.
-tests/test_kv_store.py runs one small case per format through it (CPU tier).
+tests/test_kv_store_kernel.py runs one small case per format through it (CPU tier).
 
     PYTHONPATH=. .venv/bin/python tools/check_kv_store_emu.py [case-substring ...] [--config all] [--mutate]
 """
