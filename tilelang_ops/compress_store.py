@@ -159,13 +159,13 @@ def make_gated_mean_r2(r: int, width: int = VEC):
     For finite scores, m = max(s0, s1) is one of them, so that score's difference is +0 and its
     weight expf(+0) = 1 exactly; the other difference is s_min - s_max = -|s0 - s1| (IEEE subtraction
     is sign-symmetric). With diff = s0 - s1 and e = expf(-|diff|):
-        den = 1 + e                      (v1: w0 + w1, either order: FP32 addition commutes)
-        num = v_big + e * v_small        (v1: w0 * v0 + w1 * v1 with one weight 1: 1 * v = v)
+        den = 1 + e                  (make_gated_mean: w0 + w1, either order: FP32 addition commutes)
+        num = v_big + e * v_small    (make_gated_mean: w0 * v0 + w1 * v1 with one weight 1: 1 * v = v)
     where v_big is the latent of the larger score (s0 when diff >= 0; equal scores give e = 1, either
-    way). A NaN latent gives a NaN row in both (v1's 1 * NaN and this sum both end in the BF16 cast's
-    canonical NaN). The lane takes this path when the sum of its ``width`` diffs is finite, i.e. every score
-    pair is finite and no difference overflows; otherwise it runs v1's two-expf sequence (so infinite
-    or NaN scores give v1's bits). Other ratios use ``make_gated_mean``.
+    way). A NaN latent gives a NaN row in both (1 * NaN and this sum both end in the BF16 cast's
+    canonical NaN). The lane takes this path when the sum of its ``width`` diffs is finite, i.e. every
+    score pair is finite and no difference overflows; otherwise it runs make_gated_mean's two-expf
+    sequence (so infinite or NaN scores give its bits). Other ratios use ``make_gated_mean``.
     """
     if r != 2:
         return make_gated_mean(r, width)

@@ -245,7 +245,7 @@ def make_row_store(fmt: KVCacheFormat, config: KVStoreConfig, *, rope_dim: int, 
 
         # ---- cos / sin of the rotated chunks, loaded first so their latency overlaps the norm. The
         # position is clamped for the loads only (a bad position's row is not stored).
-        if pred_store:  # (v3) one unsigned compare; the row is stored only when it holds
+        if pred_store:  # one unsigned compare; the row is stored only when it holds
             pos = T.if_then_else(T.Cast("uint64", position) < T.Cast("uint64", max_pos),
                                  T.Cast("int32", position), 0)
         else:
