@@ -594,10 +594,10 @@ def test_prepare_tensor_input(data):
         expect = TypeError, ["seqs", shown(v)]
     check(lambda: prepare_tensor_input(seqs, **kw), Broken(B.Call({}), *expect))
     # the benchmark input builder takes the same seqs and validates them before any CUDA tensor exists
-    from benchmarks import bench_compress_store
+    from tilelang_ops.testing.compress_store import bench_inputs
 
     if kind in ("field_type", "field_negative", "q_above_k", "table_negative", "table_type", "shared_slot"):
-        check(lambda: bench_compress_store._inputs(seqs, kw["is_prefill"], FP8_MAIN_KV_FORMAT),
+        check(lambda: bench_inputs(seqs, kw["is_prefill"], FP8_MAIN_KV_FORMAT),
               Broken(B.Call({}), *expect))
 
 

@@ -6,7 +6,7 @@ Comparison rules (SPEC 4), per output:
 * chunking / decode invariances: bitwise as well (a row's arithmetic does not depend on how the
   sequence was cut, only where its inputs come from);
 * kernel vs reference and vs the two-kernel pipeline (GPU tier): ring, whole cache tensor (stored and
-  untouched bytes) and out_norm **bitwise**, for every kernel variant. Every FP32 operation is the same
+  untouched bytes) and out_norm **bitwise**, for every launch config. Every FP32 operation is the same
   on both sides: the references run on the GPU there, where torch's FP32 exp is the CUDA math
   library's ``expf`` (PyTorch builds without fast math), the function the kernel calls
   (``test_gpu_kernel_expf_is_torch_exp`` checks that on every argument the gated mean can produce);
@@ -17,14 +17,17 @@ Comparison rules (SPEC 4), per output:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass, field
 
 import pytest
+import tilelang
+import tilelang.language as T
 import torch
 
-from metadata.cache_format import BF16_KV_FORMAT, FP4_INDEX_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT
+from metadata.cache_format import FP4_INDEX_KV_FORMAT, FP8_MAIN_KV_FORMAT
 from metadata.prepare_tensor_input import SeqMetadata, prepare_tensor_input
 from reference.compress import compress_decode_ref, compress_prefill_ref
 from reference.compress_store import (
@@ -35,49 +38,42 @@ from reference.compress_store import (
 )
 from reference.kv_store import apply_rope_ref, norm_rope_hadamard_cast_store_ref
 from tests.conftest import case_id, requires_cuda
-from tilelang_ops.compress_store import V2_PREFILL_SHAPES, VARIANTS
+from tilelang_ops.compress_store import (
+    MANY_ROWS,
+    CompressStoreConfig,
+    _expf,
+    compress_store_decode,
+    compress_store_decode_kernel,
+    compress_store_prefill,
+    compress_store_prefill_kernel,
+    prefill_config,
+    two_kernel_decode,
+    two_kernel_prefill,
+)
 from tilelang_ops.testing import compare_bitwise
+from tilelang_ops.testing.compress_store import (
+    FORMATS,
+    GPU_BLOCK,
+    PREFILL_SWEEP,
+    SENTINEL,
+    D,
+    GpuCase,
+    batch_meta,
+    decode_args,
+    gpu_batch,
+    make_params,
+    prefill_args,
+    prefill_batch,
+    run_step,
+    sequence,
+)
 
-SENTINEL = 0xA5
-D = 512  # the main-branch formats fix the row width, so the compressed latent is 512 wide
 BLOCK = 16  # token positions per allocator block: 16 / r compressed rows per cache block
-FORMATS = {f.name: f for f in (FP8_MAIN_KV_FORMAT, FP4_MAIN_KV_FORMAT, BF16_KV_FORMAT)}
 
 
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Params:
-    """The store half's arguments (weights, tables, format) shared by the calls of one test."""
-
-    fmt: object
-    w: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
-    eps: float = 1e-6
-    interleaved: bool = True
-    rope_dim: int = 64
-
-    def to(self, device):
-        return Params(self.fmt, self.w.to(device), self.cos.to(device), self.sin.to(device), self.eps,
-                      self.interleaved, self.rope_dim)
-
-
-def make_params(fmt_name="fp8_main", *, max_position=4096, weight_fp32=False, interleaved=True, gen=None):
-    w = torch.rand(D, generator=gen) * 1.5 + 0.25
-    ang = torch.rand(max_position, 32, generator=gen) * 6.3
-    return Params(FORMATS[fmt_name], w if weight_fp32 else w.bfloat16(), torch.cos(ang), torch.sin(ang),
-                  interleaved=interleaved)
-
-
-def sequence(n, gen=None, scale=1.0):
-    """Projected inputs of n positions; scores spread wide so softmax weights are far from uniform."""
-    x = torch.randn(n, 2 * D, generator=gen) * scale
-    x[:, :D] *= 4
-    return x
 
 
 def new_cache(fmt, num_blocks, r, device="cpu"):
@@ -88,28 +84,6 @@ def seq(q, k, slot, first_block=0):
     """A request with a contiguous block table starting at ``first_block`` (enough for k positions)."""
     blocks = max(1, -(-k // BLOCK))
     return SeqMetadata(q, k, list(range(first_block, first_block + blocks)), slot)
-
-
-def prefill_args(x, state, meta, r, p: Params, cache):
-    k = str(r)
-    return (x, state, meta.cu_seqlens_q, meta.context_lens, meta.state_block_idx, meta.cu_compressed[k], r,
-            p.w, p.eps, p.cos, p.sin, meta.compressed_positions[k], meta.slot_mapping_store_ca[k], cache,
-            p.fmt)
-
-
-def decode_args(x, state, meta, r, p: Params, cache):
-    k = str(r)
-    return (x, state, meta.context_lens, meta.state_block_idx, meta.max_seqlen_q, r, p.w, p.eps, p.cos,
-            p.sin, meta.compressed_positions[k], meta.slot_mapping_store_ca[k], cache, p.fmt)
-
-
-def run_step(fn, x, state, meta, r, p, cache, out_norm=None):
-    """One prefill or decode call of a fused function (``fn`` = (prefill_fn, decode_fn))."""
-    kw = dict(out_norm=out_norm, rope_dim=p.rope_dim, interleaved=p.interleaved)
-    if meta.is_prefill:
-        fn[0](*prefill_args(x, state, meta, r, p, cache), num_rows=meta.num_rows[str(r)], **kw)
-    else:
-        fn[1](*decode_args(x, state, meta, r, p, cache), **kw)
 
 
 REF = (compress_store_prefill_ref, compress_store_decode_ref)
@@ -473,55 +447,57 @@ def test_kernel_wrappers_check_before_launch():
     assert torch.equal(args[1], before)
 
 
-def test_kernel_variants_per_operation():
-    """Prefill has v1 / v2, decode v1 / v3 (the other two were removed): a variant the operation does not
-    have is a ValueError naming the allowed ones, raised before the CUDA check (so on CPU here)."""
-    from tilelang_ops.compress_store import VARIANT, _variant, compress_store_decode, compress_store_prefill
-
-    assert VARIANTS == {"prefill": ("v1", "v2"), "decode": ("v1", "v3")}
-    for op, names in VARIANTS.items():
-        assert VARIANT[op] in names and _variant(None, op) == VARIANT[op]
-        assert [_variant(v, op) for v in names] == list(names)
-    fns = (compress_store_prefill, compress_store_decode)
-    fn, args, kw = _bad_call("num_rows_mismatch", fns)
+def test_prefill_launch_rule_and_config_checks():
+    """The launch rule (rows per warp by launch size) and the wrapper's config check, before the CUDA
+    check (so on CPU here)."""
+    assert prefill_config(MANY_ROWS).rows_per_warp == 16 and prefill_config(MANY_ROWS - 1).rows_per_warp == 4
+    assert prefill_config(1) == CompressStoreConfig(rows_per_warp=4)
+    for bad in ({"rows_per_warp": 0}, {"warps": 0}, {"min_ctas": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            CompressStoreConfig(**bad)
+    fn, args, kw = _bad_call("num_rows_mismatch", (compress_store_prefill, compress_store_decode))
     kw["num_rows"] -= 1  # a valid prefill call
-    for bad in ("v3", "v4"):
-        with pytest.raises(ValueError, match=r"prefill: variant must be one of \('v1', 'v2'\)"):
-            fn(*args, **kw, variant=bad)
-    with pytest.raises(ValueError, match="CUDA"):  # v1 gets past the variant check
-        fn(*args, **kw, variant="v1")
-    fn, args, kw = _bad_call("decode_tokens_not_adjacent", fns)
-    args[2], args[3] = args[2].flip(0).contiguous(), args[3].flip(0).contiguous()  # adjacent again
-    with pytest.raises(ValueError, match=r"decode: variant must be one of \('v1', 'v3'\)"):
-        fn(*args, **kw, variant="v2")
+    with pytest.raises(TypeError, match="CompressStoreConfig"):
+        fn(*args, **kw, config=(16, 4, 3))
     with pytest.raises(ValueError, match="CUDA"):
-        fn(*args, **kw, variant="v3")
+        fn(*args, **kw, config=CompressStoreConfig())
+
+
+@tilelang.jit
+def expf_probe_kernel(threads: int = 256):
+    """y[i] = expf(x[i]) through the fused kernels' ``_expf`` (the GPU test that torch's exp and the
+    kernels' expf agree bitwise)."""
+    n = T.dynamic("n")
+
+    @T.prim_func
+    def kernel(
+        x: T.Tensor((n,), "float32"),  # [n] fp32
+        y: T.Tensor((n,), "float32"),  # [n] fp32, expf(x)
+    ):
+        with T.Kernel(T.ceildiv(n, threads), threads=threads) as bx:
+            tx = T.get_thread_binding()
+            if bx * threads + tx < n:
+                y[bx * threads + tx] = _expf(x[bx * threads + tx])
+
+    return kernel
 
 
 @pytest.mark.build
 @pytest.mark.parametrize("fmt_name", list(FORMATS))
 def test_kernels_build_for_sm90(fmt_name):
-    """Every variant's prefill and decode for FP8; v2 prefill for FP4, v3 decode for BF16 (the format code
-    is the shared store macro, so one kernel per format covers it; ~4 s per kernel)."""
+    """Prefill and decode for FP8, prefill for FP4, decode for BF16 (the format code is the shared store
+    macro, so one kernel per format covers it)."""
     from tilelang_ops.build import compile_for_sm90
-    from tilelang_ops.compress_store import (
-        compress_store_decode_kernel,
-        compress_store_decode_kernel_v3,
-        compress_store_prefill_kernel,
-        compress_store_prefill_kernel_v2,
-    )
 
-    factories = {"fp8_main": [compress_store_prefill_kernel_v2, compress_store_decode_kernel_v3],
-                 "fp4_main": [compress_store_prefill_kernel_v2],
-                 "bf16": [compress_store_decode_kernel_v3]}[fmt_name]
+    static = (fmt_name, 2, 64, True, True, "bfloat16", "int32", "int64")
+    builds = {"fp8_main": [(compress_store_prefill_kernel, static + (prefill_config(1 << 20),)),
+                           (compress_store_decode_kernel, static)],
+              "fp4_main": [(compress_store_prefill_kernel, static + (prefill_config(1000),))],
+              "bf16": [(compress_store_decode_kernel, static)]}[fmt_name]
     if fmt_name == "fp8_main":
-        from tilelang_ops.compress_store import expf_probe_kernel
-
-        factories += [compress_store_prefill_kernel, compress_store_decode_kernel]
         assert "expf(" in compile_for_sm90(expf_probe_kernel).get_kernel_source()  # the GPU expf test's probe
-    for factory in factories:
-        src = compile_for_sm90(factory, fmt_name, 2, 64, True, True, "bfloat16", "int32", "int64") \
-            .get_kernel_source()
+    for factory, args in builds:
+        src = compile_for_sm90(factory, *args).get_kernel_source()
         assert "float4" in src, "inputs and ring must move as 16 B vectors"
         assert "expf(" in src and "__expf" not in src, "accurate expf (torch's and the compress kernel's)"
         assert "__fmul_rn" in src and "__fdiv_rn" in src, "gated mean: no FMA contraction, IEEE division"
@@ -529,17 +505,35 @@ def test_kernels_build_for_sm90(fmt_name):
         bf16_params = set(re.findall(r"bfloat16_t\* __restrict__ (\w+)", src))
         assert bf16_params == {"out_norm", "weight"}, "the compressed row must not go through global memory"
         assert "out_norm +" in src
-        if factory in (compress_store_prefill_kernel_v2, compress_store_decode_kernel_v3):
-            # ring entries: one 32-bit modulo each, never a 64-bit one per vector access
-            assert "% ((int64_t)ring)" not in src and "% ring)" in src
+        # ring entries: one 32-bit modulo each, never a 64-bit one per vector access
+        assert "% ((int64_t)ring)" not in src and "% ring)" in src
+
+
+@pytest.mark.parametrize("index", [0, 2, 7, 9], ids=["prefill_fp8", "prefill_fp4_half_i64", "decode_fp8",
+                                                   "decode_bf16_half"])
+def test_cpu_emulator_runs_the_kernels(index):
+    """The generated CUDA of the prefill kernel (the launch rule's config) and the decode kernel, run on
+    CPU (tools/check_compress_store_emu.py) with the blocks in reverse order: ring, cache and out_norm
+    bitwise equal to the twins."""
+    from tools import check_compress_store_emu as emu
+
+    case, configs = emu.CASES[index]
+    assert configs[0] is None or configs[0] == prefill_config(1)
+    mismatches, line = emu.check_case(case, configs[:1], orders=("reverse",))
+    assert mismatches == 0, line
+
+
+def test_cpu_emulator_catches_a_broken_kernel():
+    from tools import check_compress_store_emu as emu
+
+    assert emu.mutation_caught("ring_read_entry", 0) and emu.mutation_caught("weight_off_by_1e-4", 0)
 
 
 # ----------------------------------------------------------------------------------------------
 # kernel vs two-kernel pipeline and vs references (GPU tier)
 # ----------------------------------------------------------------------------------------------
 
-GPU = "cuda"  # the GPU tests' device (a dry run of their plumbing can point it at "cpu")
-GPU_BLOCK = 128  # the engine's block size: 64 C2 rows per cache block
+GPU = "cuda"  # the GPU tests' device
 LOOP_REF_MAX_TOKENS = 256  # the loop reference is slow; above this, the twins (bitwise equal, CPU tests)
 
 
@@ -548,39 +542,12 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def _fused(variant=None):
-    """The fused wrappers, pinned to ``variant`` (None: the module's defaults, ``VARIANT``): a name for
-    both operations (only the operation that has it may be called) or a (prefill, decode) pair."""
-    from tilelang_ops.compress_store import compress_store_decode, compress_store_prefill
-
-    if variant is None:
-        return compress_store_prefill, compress_store_decode
-    pv, dv = (variant, variant) if isinstance(variant, str) else variant
-    return (functools.partial(compress_store_prefill, variant=pv),
-            functools.partial(compress_store_decode, variant=dv))
+def _fused(config: CompressStoreConfig | None = None):
+    """The fused wrappers, prefill with ``config`` (None: the launch rule's)."""
+    return functools.partial(compress_store_prefill, config=config), compress_store_decode
 
 
-def _two_kernel():
-    from tilelang_ops.compress_store import two_kernel_decode, two_kernel_prefill
-
-    return two_kernel_prefill, two_kernel_decode
-
-
-@dataclass(frozen=True)
-class GpuCase:
-    id: str
-    prefill: bool
-    fmt: str
-    num_reqs: int
-    max_len: int  # prefill: chunk of 0..max_len tokens; decode: 1..max_len tokens per request
-    ring: int  # 0: the minimum (prefill r, decode r + max_len - 1)
-    seed: int
-    max_before: int = 300  # context before the step: 0..max_before positions
-    odd_starts: bool = False  # every chunk starts at an odd position (its first group reads the ring)
-    interleaved: bool = True
-    weight_fp32: bool = False
-    index64: bool = False
-    out_norm: bool = True
+TWO_KERNEL = (two_kernel_prefill, two_kernel_decode)
 
 
 GPU_CASES = [
@@ -604,37 +571,51 @@ GPU_CASES = [
             out_norm=False),
     GpuCase("d_fp8_b4096_q6_min_ring", False, "fp8_main", 4096, 6, 0, 17),
 ]
+# Every prefill launch shape of the benchmark's sweep, so that any of them can become the default, on
+# request boundaries inside a warp's rows, ring reads and a long odd-start chunk.
+SWEEP_CASES = [dataclasses.replace(c, id=f"{c.id}_rpw{k.rows_per_warp}_w{k.warps}_min{k.min_ctas}", config=k)
+               for k in PREFILL_SWEEP for c in GPU_CASES
+               if c.id in ("p_fp8_b7_len9_min_ring", "p_fp8_b4_len8192_min_ring_odd")]
+# the chunk-boundary test: the launch rule's config and the big launches' 16 rows per warp
+BOUNDARY_CONFIGS = (None, CompressStoreConfig(rows_per_warp=16))
+BIG_PREFILL_OTHER = CompressStoreConfig(rows_per_warp=4)  # the 1M-token test's second launch shape
 
 
-def gpu_batch(case: GpuCase):
-    """Builder metadata for a random request mix: shuffled state slots and physical blocks."""
-    g = torch.Generator().manual_seed(case.seed)
-    r = 2
-    num_slots = 2 * case.num_reqs + 1
-    slots = torch.randperm(num_slots, generator=g)[:case.num_reqs].tolist()
-    shape = []
-    for _ in slots:
-        before = int(torch.randint(0, case.max_before + 1, (1,), generator=g))
-        before = before | 1 if case.odd_starts else before
-        q = int(torch.randint(0 if case.prefill else 1, case.max_len + 1, (1,), generator=g))
-        shape.append((q, before + q))
-    blocks_needed = [max(1, -(-k // GPU_BLOCK)) for _, k in shape]
-    physical = torch.randperm(sum(blocks_needed) + 3, generator=g).tolist()
-    seqs, used = [], 0
-    for (q, k), slot, nb in zip(shape, slots, blocks_needed):
-        seqs.append(SeqMetadata(q, k, physical[used:used + nb], slot))
-        used += nb
-    meta = prepare_tensor_input(seqs, is_prefill=case.prefill, block_size=GPU_BLOCK, compress_ratios=(r,))
-    if case.index64:
-        for d in (meta.compressed_positions, meta.slot_mapping_store_ca):
-            d["2"] = d["2"].long()
-    ring = case.ring or (r if case.prefill else r + case.max_len - 1)
-    x = sequence(meta.total_q, g)
-    state = torch.randn(num_slots, ring, 2, D, generator=g) * 3
-    p = make_params(case.fmt, max_position=meta.max_seqlen_k + 2, weight_fp32=case.weight_fp32,
-                    interleaved=case.interleaved, gen=g)
-    cache = torch.full((len(physical), p.fmt.block_bytes(GPU_BLOCK // r)), SENTINEL, dtype=torch.uint8)
-    return meta.to(GPU), x.to(GPU), state.to(GPU), p.to(GPU), cache.to(GPU)
+def _static_keys(case: GpuCase) -> set[tuple]:
+    """(function, static args) of the kernel the case's fused call launches."""
+    meta, _, _ = batch_meta(case, torch.Generator().manual_seed(case.seed))
+    rows = meta.num_rows["2"]
+    if rows == 0:
+        return set()
+    dt = "int64" if case.index64 else "int32"
+    static = (case.fmt, 2, 64, case.interleaved, case.out_norm, "float32" if case.weight_fp32 else "bfloat16",
+              dt, dt)
+    if case.prefill:
+        return {("compress_store_prefill_kernel", static + (case.config or prefill_config(rows),))}
+    return {("compress_store_decode_kernel", static)}
+
+
+def gpu_compile_jobs(props) -> list[tuple[str, str, tuple]]:
+    """(module, function, static args) of every kernel specialization this file's GPU tests launch (the
+    two-kernel pipeline's compress and store kernels compile at first use)."""
+    keys = set().union(*(_static_keys(c) for c in GPU_CASES + SWEEP_CASES))
+    fp8 = ("fp8_main", 2, 64, True, True, "bfloat16", "int32", "int32")
+    # the chunk-boundary test (one request; 120 tokens) and the 1M-token test
+    keys |= {("compress_store_prefill_kernel", fp8 + (k or prefill_config(1),)) for k in BOUNDARY_CONFIGS}
+    keys |= {("compress_store_decode_kernel", fp8)}
+    keys |= {("compress_store_prefill_kernel", fp8 + (k,))
+             for k in (prefill_config(1 << 19), BIG_PREFILL_OTHER)}
+    jobs = [("tilelang_ops.compress_store", fn, static) for fn, static in sorted(keys, key=repr)]
+    return jobs + [("tests.test_compress_store", "expf_probe_kernel", ())]
+
+
+def test_gpu_compile_jobs_cover_the_cases():
+    jobs = gpu_compile_jobs(None)
+    statics = {(fn, static) for _, fn, static in jobs}
+    for case in GPU_CASES + SWEEP_CASES:
+        assert _static_keys(case) <= statics, case.id
+    assert any(static and static[-1] == prefill_config(MANY_ROWS) for _, static in statics)  # big launches
+    assert len(jobs) <= 40  # cases share their static shapes
 
 
 def _run_gpu(fns, case, meta, x, state0, p, cache0):
@@ -651,10 +632,10 @@ def _reference_fns(meta):
     return REF if meta.total_q <= LOOP_REF_MAX_TOKENS else TWIN
 
 
-def _check_gpu_case(case, variant=None):
-    meta, x, state0, p, cache0 = gpu_batch(case)
-    got = _run_gpu(_fused(variant), case, meta, x, state0, p, cache0)
-    tag = f"[{variant or 'default'}]"
+def _check_gpu_case(case):
+    meta, x, state0, p, cache0 = gpu_batch(case, GPU)
+    got = _run_gpu(_fused(case.config), case, meta, x, state0, p, cache0)
+    tag = f"[{case.config or 'launch rule'}]"
     # vs the references (loop, or the twins for big batches; bitwise equal on CPU): ring, the whole
     # cache (stored rows, scales, untouched bytes) and out_norm (placeholder rows included), bitwise
     want = _run_gpu(_reference_fns(meta), case, meta, x, state0, p, cache0)
@@ -662,7 +643,7 @@ def _check_gpu_case(case, variant=None):
         if a is not None:
             compare_bitwise(f"{what} vs reference {tag}", a, b).check()
     # vs our two-kernel pipeline (compress kernel, then store kernel): bitwise as well
-    pipe = _run_gpu(_two_kernel(), case, meta, x, state0, p, cache0)
+    pipe = _run_gpu(TWO_KERNEL, case, meta, x, state0, p, cache0)
     for what, a, b in zip(("ring", "cache", "out_norm"), got, pipe):
         if a is not None:
             compare_bitwise(f"{what} vs two-kernel {tag}", a, b).check()
@@ -670,14 +651,13 @@ def _check_gpu_case(case, variant=None):
         skipped = meta.slot_mapping_store_ca["2"] < 0
         compare_bitwise("skipped out_norm", got[2][skipped], torch.zeros_like(got[2][skipped])).check()
     # deterministic: a second launch from the same state gives the same bytes
-    again = _run_gpu(_fused(variant), case, meta, x, state0, p, cache0)
+    again = _run_gpu(_fused(case.config), case, meta, x, state0, p, cache0)
     for what, a, b in zip(("ring", "cache", "out_norm"), again, got):
         if a is not None:
             compare_bitwise(f"{what} rerun {tag}", a, b).check()
 
 
-# Ordered so that a run with -x still reports what each variant does: expf first, then each variant
-# on its own, then the default on every case.
+# Ordered so that a run with -x reports the expf check first.
 
 
 @requires_cuda
@@ -685,8 +665,6 @@ def test_gpu_kernel_expf_is_torch_exp():
     """The gated mean's only transcendental: ``expf(d)`` for d = s_t - max(s) <= 0. Every FP32 value in
     [-104, 0] (below -103.97 both give 0), through a TileLang kernel calling ``expf`` exactly as the
     fused kernel does, against torch.exp on the GPU: bitwise."""
-    from tilelang_ops.compress_store import expf_probe_kernel
-
     kernel = expf_probe_kernel()
     lo = 0x80000000  # -0.0; bit patterns rise with magnitude for negative floats
     hi = int(torch.tensor(-104.0).view(torch.int32)) & 0xFFFFFFFF
@@ -706,70 +684,35 @@ def test_gpu_kernel_expf_is_torch_exp():
     assert mismatches == 0, f"{mismatches} arguments differ; first (d, expf, torch.exp): {first}"
 
 
-# Each variant of the case's operation on its own (prefill v1 / v2, decode v1 / v3; a failure names the
-# variant: the lead flips ``VARIANT`` back to v1 if only the default fails). Prefill with ring reads,
-# straddling groups, nc = 0 chunks, long chunks, request boundaries inside a warp's rows, int64
-# metadata; decode q1 / q6 at the minimum ring.
-VARIANT_CASE_IDS = ("p_fp8_b7_len9_min_ring", "p_fp4_b64_len300_half_w32_i64",
-                    "p_fp4_b1000_len3_odd_min_ring", "p_fp8_b4_len8192_min_ring_odd",
-                    "p_bf16_b16_len4096_no_norm", "d_fp8_b1_q1", "d_fp8_b64_q6_min_ring",
-                    "d_bf16_b33_q3_half", "d_fp4_b4096_q1_w32_no_norm")
-
-
-VARIANT_PARAMS = [pytest.param(c, v, id=f"{c.id}-{v}") for c in GPU_CASES if c.id in VARIANT_CASE_IDS
-                  for v in VARIANTS["prefill" if c.prefill else "decode"]]
+@requires_cuda
+@pytest.mark.parametrize("case", SWEEP_CASES, ids=case_id)
+def test_gpu_prefill_launch_configs(case):
+    """Prefill at every launch shape of the sweep: bitwise as in the other GPU tests."""
+    _check_gpu_case(case)
 
 
 @requires_cuda
-@pytest.mark.parametrize("case, variant", VARIANT_PARAMS)
-def test_gpu_each_variant_exact(case, variant):
-    _check_gpu_case(case, variant)
-
-
-@requires_cuda
-@pytest.mark.parametrize("shape", V2_PREFILL_SHAPES, ids=lambda s: "rpw{}_w{}_min{}".format(*s))
-def test_gpu_prefill_v2_launch_shapes(shape, monkeypatch):
-    """v2 prefill at every candidate launch shape (``V2_PREFILL_SHAPES``, the benchmark's sweep: rows per
-    warp, warps per CTA, min CTAs per SM), so that any of them can become the default: bitwise as in the
-    other GPU tests, on request boundaries inside a warp's rows, ring reads and a long odd-start chunk."""
-    import tilelang_ops.compress_store as cs
-
-    rpw, warps, min_ctas = shape
-    monkeypatch.setattr(cs, "V2_ROWS_PER_WARP", rpw)
-    monkeypatch.setattr(cs, "V2_ROWS_PER_WARP_SMALL", rpw)  # these cases are below V2_MANY_ROWS rows
-    monkeypatch.setattr(cs, "V2_WARPS", warps)
-    monkeypatch.setattr(cs, "V2_MIN_CTAS_PER_SM", min_ctas)
-    cases = [c for c in GPU_CASES if c.id in ("p_fp8_b7_len9_min_ring", "p_fp8_b4_len8192_min_ring_odd")]
-    assert len(cases) == 2, [c.id for c in cases]
-    for case in cases:
-        _check_gpu_case(case, "v2")
-
-
-@requires_cuda
-def test_gpu_variants_agree_on_1m_tokens():
-    """The benchmark's biggest prefill input (256 requests x 4096 tokens at odd starts, built on the
-    GPU by the benchmark's own builder; V2_ROWS_PER_WARP rows per warp in v2), with out_norm: v2 == v1
-    bitwise (ring, cache, out_norm). The references would take too long here; v1 is the
-    GPU-verified baseline."""
-    from benchmarks.bench_compress_store import _prefill
-
-    args, kw, _ = _prefill(256, FP8_MAIN_KV_FORMAT, norm=True)
+def test_gpu_launch_configs_agree_on_1m_tokens():
+    """The benchmark's biggest prefill input (256 requests x 4096 tokens at odd starts), with out_norm:
+    the launch rule's config (16 rows per warp) and 4 rows per warp store the same bytes (ring, cache,
+    out_norm; the references would take too long here)."""
+    args, kw, _ = prefill_batch(256, FP8_MAIN_KV_FORMAT, norm=True)
     outs = []
-    for variant in ("v1", "v2"):
+    for config in (None, BIG_PREFILL_OTHER):
         a = list(args)
         a[1], a[13] = args[1].clone(), args[13].clone()  # ring, cache
         k = {**kw, "out_norm": torch.full_like(kw["out_norm"], 7.0)}
-        _fused(variant)[0](*a, **k)
+        compress_store_prefill(*a, **k, config=config)
         outs.append((a[1], a[13], k["out_norm"]))
     _sync()
     for what, a, b in zip(("ring", "cache", "out_norm"), outs[1], outs[0]):
-        compare_bitwise(f"{what} v2 vs v1", a, b).check()
+        compare_bitwise(f"{what} rows_per_warp 4 vs 16", a, b).check()
 
 
 @requires_cuda
 @pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
 def test_gpu_kernel_matches_pipeline_and_reference(case):
-    """The default variant on every case: bitwise vs the references and the two-kernel pipeline."""
+    """The launch rule's kernels on every case: bitwise vs the references and the two-kernel pipeline."""
     _check_gpu_case(case)
 
 
@@ -777,20 +720,20 @@ def test_gpu_kernel_matches_pipeline_and_reference(case):
 @pytest.mark.parametrize("ring", [2, 7])
 def test_gpu_chunk_boundaries_at_every_offset(ring):
     """One sequence cut into chunks of 1..9 tokens (every start offset, nc = 0 chunks), then decode and
-    verification steps: the fused kernel (v1 throughout, then prefill v2 with decode v3), step by step,
-    leaves the cache, ring and norm rows of the whole-sequence prefill (oracle: twins on the GPU),
-    bitwise."""
+    verification steps: the fused kernels (prefill with the launch rule's config and with 16 rows per
+    warp), step by step, leave the cache, ring and norm rows of the whole-sequence prefill (oracle:
+    twins on the GPU), bitwise."""
     gen = torch.Generator().manual_seed(21)
     r, n = 2, 120
     p = make_params("fp8_main", max_position=n + 2, gen=gen).to(GPU)
     x = sequence(n, gen).to(GPU)
     whole = process_gpu([n], x, r, ring, p, TWIN)
     parts = [1 + i % 9 for i in range(18)]  # 1 + 2 + ... 9 twice = 90 tokens
-    for variant in (("v1", "v1"), ("v2", "v3")):
+    for config in BOUNDARY_CONFIGS:
         for step in sorted({1, ring - r + 1}):  # single tokens, and verification steps at the ring's capacity
-            got = process_gpu(parts, x, r, ring, p, _fused(variant), decode_step=step)
+            got = process_gpu(parts, x, r, ring, p, _fused(config), decode_step=step)
             for what, a, b in zip(("cache", "ring", "out_norm"), got, whole):
-                compare_bitwise(f"{what} step={step} [{'/'.join(variant)}]", a, b).check()
+                compare_bitwise(f"{what} step={step} [{config}]", a, b).check()
 
 
 def process_gpu(parts, x, r, ring, p, fns, decode_step=None):

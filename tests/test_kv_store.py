@@ -1,11 +1,10 @@
 """norm_rope_hadamard_cast_store: cast arithmetic, byte layouts, stages, loop reference vs twin, errors
-(CPU tier), sm_90a build check (CPU tier) and kernel vs reference (GPU tier)."""
+(CPU tier). The kernel's tests: tests/test_kv_store_kernel.py."""
 
 from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -36,13 +35,15 @@ from reference.kv_store import (
     rms_sum_of_squares_torch,
     ue8m0_scale,
 )
-from tests.conftest import case_id, requires_cuda
-from tilelang_ops.diffcases import kv_store as kv_diff
-from tilelang_ops.kv_store import V3_OPTION_NAMES
+from tests.conftest import case_id
 from tilelang_ops.testing import compare_bitwise
-
-SENTINEL = 0xA5
-FORMATS = {f.name: f for f in (FP8_MAIN_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP4_INDEX_KV_FORMAT, BF16_KV_FORMAT)}
+from tilelang_ops.testing.kv_store import (
+    FORMATS,
+    SENTINEL,
+    StoreCase,
+    hadamard_mma_model,
+    make_inputs,
+)
 
 
 def f32(v):
@@ -153,33 +154,8 @@ def test_e2m1_random_vs_exhaustive_rne():
         assert g == _nearest_even(v, table, 6.0), v
 
 
-def e2m1_codes_kernel_expression(x: torch.Tensor) -> torch.Tensor:
-    """The kernel's e2m1 encode (tilelang_ops/kv_store.py), ported op for op to torch: a = min(|x|, 6);
-    t = a + M (one FP32 add, RNE) with M = 2^22 / 2^23 / 2^24 below 2 / below 4 / above;
-    code = bits(t) - (bits(M) - {0, 2, 4}); sign bit = bit 31 of x moved to bit 3."""
-    mag = x.abs().clamp_max(6.0)
-    lt2, lt4 = mag < 2.0, mag < 4.0
-    m = torch.where(lt2, 2.0 ** 22, torch.where(lt4, 2.0 ** 23, 2.0 ** 24)).float()
-    k = torch.where(lt2, 0x4A800000, torch.where(lt4, 0x4B000000 - 2, 0x4B800000 - 4))
-    code = (mag + m).view(torch.int32).long() - k
-    sign = (x.view(torch.int32).long() >> 28) & 8
-    return (code | sign).to(torch.uint8)
-
-
-def e2m1_codes_kernel_expression_v2(x: torch.Tensor) -> torch.Tensor:
-    """Variant v2's e2m1 encode, op for op: the magic constant from the exponent bits,
-    M = max(bits(a) & 0x7F800000, bits(1.0)) + (22 << 23) (2^22 / 2^23 / 2^24 for a < 2 / < 4 / >= 4,
-    the same choice as v1's thresholds), t = a + M, code = bits(t) - M + ((M >> 22) - 298)."""
-    mag = x.abs().clamp_max(6.0)
-    m = (mag.view(torch.int32).long() & 0x7F800000).clamp_min(0x3F800000) + (22 << 23)
-    t = mag + m.to(torch.int32).view(torch.float32)
-    code = t.view(torch.int32).long() - m + ((m >> 22) - 298)
-    sign = (x.view(torch.int32).long() >> 28) & 8
-    return (code | sign).to(torch.uint8)
-
-
-def e2m1_words_kernel_expression_v3(x: torch.Tensor) -> torch.Tensor:
-    """The v3 e2m1 encode + packing, op for op (x [..., 8] fp32 -> [...] int64 holding uint32 words,
+def e2m1_words_kernel_expression(x: torch.Tensor) -> torch.Tensor:
+    """The kernel's e2m1 encode + packing, op for op (x [..., 8] fp32 -> [...] int64 holding uint32 words,
     nibble k = element k). It works on z2 = 2 z (the kernel folds the 2 into the scale: inv2 = 2 / sf),
     where one FMA rounds onto the e2m1 grid and leaves the code in the low nibble of the result's bits:
     F = max(bits(a) & 0x7F800000, bits(2.0) | 16) with a = min(|z2|, 12) (exponent 2 / 4 / 8 for
@@ -209,31 +185,26 @@ def _pack_e2m1_words(codes: torch.Tensor) -> torch.Tensor:
 def test_e2m1_kernel_expression_exhaustive():
     """Every FP32 value with 2^-3 <= |x| < 8 (all 2^23 mantissas of each exponent, both signs), every
     tiny magnitude class below that (a stride through the patterns) and the specials: the kernel's
-    threshold-free encode (v1's, v2's and v3's forms) equals the midpoint-threshold reference code for code
-    (v3 packs 8 codes per word: compared word for word with the reference codes packed)."""
+    threshold-free encode equals the midpoint-threshold reference code for code (it packs 8 codes per
+    word: compared word for word with the reference codes packed)."""
     lo, hi = 0x3E000000, 0x41000000  # bits of 2^-3 and 8.0
     chunk = 1 << 23
     for start in range(lo, hi, chunk):
         bits = torch.arange(start, min(start + chunk, hi), dtype=torch.int64)
         for sign in (0, -(1 << 31)):
             x = (bits + sign).to(torch.int32).view(torch.float32)
-            want, got = cast_to_e2m1_codes(x), e2m1_codes_kernel_expression(x)
-            assert torch.equal(got, want), x[(got != want).nonzero()[:5].flatten()].tolist()
-            got = e2m1_codes_kernel_expression_v2(x)
-            assert torch.equal(got, want), x[(got != want).nonzero()[:5].flatten()].tolist()
-            got, want = e2m1_words_kernel_expression_v3(x.view(-1, 8)), _pack_e2m1_words(want.view(-1, 8))
+            want = cast_to_e2m1_codes(x)
+            got, want = e2m1_words_kernel_expression(x.view(-1, 8)), _pack_e2m1_words(want.view(-1, 8))
             assert torch.equal(got, want), x.view(-1, 8)[(got != want).nonzero()[:2].flatten()].tolist()
     small = torch.arange(0, lo, 997, dtype=torch.int64)  # 0 and subnormals up to 2^-3 (all code 0)
     big = torch.arange(hi, 0x7F800001, 1009, dtype=torch.int64)  # 8 .. inf (all code 7)
     x = torch.cat([small, big]).to(torch.int32).view(torch.float32)
     x = torch.cat([x, -x, f32([0.0, -0.0, float("inf"), -float("inf"), 6.0, -6.0, 2.0**-149])])
-    assert torch.equal(e2m1_codes_kernel_expression(x), cast_to_e2m1_codes(x))
-    assert torch.equal(e2m1_codes_kernel_expression_v2(x), cast_to_e2m1_codes(x))
     x = torch.cat([x, torch.zeros(-x.numel() % 8)]).view(-1, 8)
-    assert torch.equal(e2m1_words_kernel_expression_v3(x), _pack_e2m1_words(cast_to_e2m1_codes(x)))
+    assert torch.equal(e2m1_words_kernel_expression(x), _pack_e2m1_words(cast_to_e2m1_codes(x)))
 
 
-# ---- the v3 cast options (make_row_store's e2m1_bf16x2 and scale_mul), ported op for op ----
+# ---- the cast options (make_row_store's e2m1_bf16x2 and scale_mul), ported op for op ----
 
 _ALL_BF16 = torch.arange(0, 0x7F80, dtype=torch.int32)  # every finite non-negative BF16 bit pattern
 
@@ -547,44 +518,6 @@ def test_hadamard_matrix_and_transform():
     assert hadamard_ref(small).float().tolist() == [5.0, -1.0, -2.0, 0.0]  # [10,-2,-4,0] * 0.5
 
 
-def hadamard_mma_model(x: torch.Tensor, chain: int | None = None) -> torch.Tensor:
-    """The Hadamard of kv_store's ``hadamard_mma`` option (128-wide rows), as a model of its order: the
-    sums over index bits 0, 1, 4, 5 of each A-tile (index bits 2, 3) exact (the tensor core's 16 products of
-    BF16 and +-1), ``chain`` (kv_store.HMMA_CHAIN when None) A-tiles accumulated in turn (the first from 0,
-    each MMA's sum rounded once to FP32), then FP32 butterflies over the remaining bits 2, 3, 6 (ascending:
-    lo + hi, lo - hi), then times the FP32 constant; BF16 result. Equal to ``hadamard_ref`` wherever no FP32
-    sum rounds."""
-    from tilelang_ops.kv_store import HMMA_CHAIN
-
-    chain = HMMA_CHAIN if chain is None else chain
-    assert x.shape[-1] == 128 and chain in (1, 2, 4), (x.shape, chain)
-    lead = x.shape[:-1]
-    y = x.double().reshape(*lead, 2, 2, 2, 2, 2, 2, 2)  # dims: index bits 6, 5, 4, 3, 2, 1, 0
-
-    def butterfly(t, bit):
-        d = t.dim() - 1 - bit
-        lo, hi = t.select(d, 0), t.select(d, 1)
-        return torch.stack((lo + hi, lo - hi), dim=d)
-
-    for bit in (0, 1, 4, 5):  # float64: 16 BF16 terms sum exactly (the test inputs' exponent spread)
-        y = butterfly(y, bit)
-    # A-tile a = index bits 2, 3: the outputs o of a chain of L tiles (a = g L + l) add (-1)^popcount(l & o)
-    # times tile l's exact sum to the previous MMA's FP32 result
-    e = y.reshape(*lead, 2, 2, 2, 4, 2, 2).movedim(-3, 0)  # [a] + lead + bits 6, 5, 4 / 1, 0
-    out = torch.empty_like(e)
-    for g in range(4 // chain):
-        for o in range(chain):
-            s = torch.zeros_like(e[0])
-            for li in range(chain):
-                sign = -1.0 if bin(li & o).count("1") % 2 else 1.0
-                s = (s + sign * e[g * chain + li]).float().double()
-            out[g * chain + o] = s
-    y = out.movedim(0, -3).reshape(*lead, 2, 2, 2, 2, 2, 2, 2).float()
-    for bit in (2, 3, 6)[chain.bit_length() - 1:]:
-        y = butterfly(y, bit)
-    return (y.reshape(*lead, 128) * torch.tensor(128 ** -0.5, dtype=torch.float32)).to(torch.bfloat16)
-
-
 @pytest.mark.parametrize("chain", (1, 2, 4))
 def test_hadamard_mma_model(chain):
     """The model is the Hadamard (exact inputs: equal to hadamard_ref bitwise; random rows: within a
@@ -676,21 +609,6 @@ def test_bf16_layout_by_hand():
     assert bool((cache[0, :3 * 1024] == SENTINEL).all())
 
 
-@dataclass(frozen=True)
-class StoreCase:
-    id: str
-    fmt: str
-    rows: int
-    interleaved: bool = True
-    hadamard: bool = False
-    weight_fp32: bool = False
-    scale: float = 1.0
-    offset: float = 0.0
-    rows_per_block: int = 8
-    index_dtype: torch.dtype = torch.int64
-    rope_dim: int = 64  # rotated channels (the last rope_dim of the row)
-
-
 STORE_CASES = [
     StoreCase("fp8_main", "fp8_main", 13),
     StoreCase("fp8_main_half_w32", "fp8_main", 9, interleaved=False, weight_fp32=True),
@@ -714,25 +632,6 @@ STORE_CASES = [
     StoreCase("fp8_main_hadamard", "fp8_main", 5, hadamard=True),
     StoreCase("fp4_main_hadamard_half", "fp4_main", 6, interleaved=False, hadamard=True),
 ]
-
-
-def make_inputs(case: StoreCase, device="cpu", max_position=64, num_blocks=None, gen=None):
-    fmt = FORMATS[case.fmt]
-    rows, rpb = case.rows, case.rows_per_block
-    num_blocks = num_blocks or (rows + 2 * rpb) // rpb + 1
-    kv = (torch.randn(rows, fmt.dim, generator=gen) * case.scale + case.offset).bfloat16()
-    w = torch.rand(fmt.dim, generator=gen) * 1.5 + 0.25
-    w = w if case.weight_fp32 else w.bfloat16()
-    ang = torch.rand(max_position, case.rope_dim // 2, generator=gen) * 6.3
-    cos, sin = torch.cos(ang), torch.sin(ang)
-    pos = torch.randint(0, max_position, (rows,), generator=gen).to(case.index_dtype)
-    slots = torch.randperm(num_blocks * rpb, generator=gen)[:rows].to(case.index_dtype)
-    if rows > 2:
-        slots[1] = -1
-        pos[1] = 10**6  # a skipped row's position is never read
-    cache = torch.full((num_blocks, fmt.block_bytes(rpb)), SENTINEL, dtype=torch.uint8)
-    to = lambda t: t.to(device)  # noqa: E731
-    return fmt, to(kv), to(w), to(cos), to(sin), to(pos), to(slots), to(cache)
 
 
 @pytest.mark.parametrize("case", STORE_CASES, ids=case_id)
@@ -886,559 +785,3 @@ def test_errors_before_any_write(name):
         norm_rope_hadamard_cast_store_ref(**args, **kw)
     assert torch.equal(args["kv_cache"], before)
 
-
-# ------------------------------------------------------------------------------------------------
-# Kernel: sm_90a build check (CPU tier) and kernel vs reference (GPU tier)
-# ------------------------------------------------------------------------------------------------
-
-# (format, rope_dim, interleaved, hadamard, out_norm, rows_per_block, weight, pos, slot dtype)
-BUILD_CONFIGS = [
-    ("fp8_main", 64, True, False, True, 1, "bfloat16", "int64", "int64"),
-    ("fp8_main", 64, False, False, False, 1, "float32", "int32", "int32"),
-    ("fp4_main", 64, True, False, False, 1, "bfloat16", "int32", "int64"),
-    ("fp4_main", 64, False, False, True, 1, "bfloat16", "int64", "int64"),
-    ("fp4_index", 64, True, True, False, 64, "bfloat16", "int64", "int64"),
-    ("fp4_index", 64, False, False, True, 5, "float32", "int32", "int32"),
-    ("bf16", 64, True, False, False, 1, "bfloat16", "int64", "int64"),
-    # several rows per thread (large launches): the last field is rows_per_thread
-    ("fp8_main", 64, True, False, False, 1, "bfloat16", "int64", "int64", 2),
-    ("bf16", 64, False, False, True, 1, "float32", "int32", "int64", 2),
-    ("fp4_index", 64, True, True, False, 64, "bfloat16", "int64", "int64", 4),
-]
-# the vector store each format must use for its payload (read from the generated CUDA)
-STORE_VECTOR = {"fp8_main": "*(uint4*)(cache", "fp4_main": "*(uint2*)(cache", "bf16": "*(uint4*)(cache"}
-
-
-@pytest.mark.parametrize("cfg", BUILD_CONFIGS, ids=lambda c: "_".join(map(str, c[:6] + c[9:])))
-def test_build_sm90(cfg):
-    from tilelang_ops.build import compile_for_sm90
-    from tilelang_ops.kv_store import kv_store_kernel
-
-    src = compile_for_sm90(kv_store_kernel, *cfg).get_kernel_source()
-    fmt = cfg[0]
-    want = STORE_VECTOR.get(fmt, "*(uint2*)(cache" if cfg[5] % 2 == 0 else "*(uint*)(cache")
-    assert want in src, f"{fmt}: expected a vectorized payload store {want!r}"
-    assert "*(uint4*)(kv" in src or "(uint4*)(kv +" in src  # 16-byte row loads
-    assert ("__shfl_xor_sync" in src) and ("__fmul_rn" in src)
-    assert ("out_norm +" in src) == cfg[4]
-
-
-@pytest.mark.parametrize("fmt_name", list(STORE_VECTOR) + ["fp4_index"])
-def test_build_sm90_v3(fmt_name):
-    """v3 (two chunks per lane; FP8 also four) lowers and compiles with its
-    payload in vector stores: its store guard is a kernel argument, so TileLang's safe-memory pass
-    (which would split every vector store into guarded byte stores) is off and nothing else may need
-    it."""
-    from tilelang_ops.build import compile_for_sm90
-    from tilelang_ops.kv_store import kv_store_kernel_v3
-
-    rpb, had = (64, True) if fmt_name == "fp4_index" else (1, False)
-    for chunks in ((2, 4) if fmt_name == "fp8_main" else (2,)):
-        src = compile_for_sm90(kv_store_kernel_v3, fmt_name, 64, True, had, True, rpb, "bfloat16", "int64",
-                               "int64", 1, chunks).get_kernel_source()
-        want = STORE_VECTOR.get(fmt_name, "*(uint2*)(cache")
-        assert want in src, f"{fmt_name} chunks={chunks}: byte stores"
-        assert "(slot < capacity)" in src
-        assert "__shfl_xor_sync" in src
-
-
-def test_build_sm90_v3_options(monkeypatch):
-    """v3's cast options lower and compile; e2m1_bf16x2 declares and calls its BF16x2 helpers, keeps the
-    8-byte payload stores and needs no division for the scale; scale_mul drops the amax / 6 division;
-    inv_table reads 2 / sf from its table (no division left but the norm's), e2m1_noclamp votes;
-    weight_smem stages FP32 weights in shared memory behind one barrier; rope_spread exchanges a row's
-    rotated channels through shared memory between two __syncwarp; amax_bf16x2 takes a chunk's amax with
-    max.xorsign.abs.bf16x2; rcp_norm takes the norm's reciprocal as rcp.rn (with inv_table, no division
-    is left); options off (or not applicable) leave the source without them."""
-    from tilelang_ops.build import compile_for_sm90
-    from tilelang_ops.kv_store import (
-        AMAX_PRELUDE,
-        BF16X2_PRELUDE,
-        HMMA_PRELUDE,
-        INV_E4M3_PRELUDE,
-        kv_store_kernel_v3,
-        v3_options,
-    )
-
-    idx = ("fp4_index", 64, True, True, False, 64, "bfloat16", "int64", "int64", 1, 2, 5)
-    src = compile_for_sm90(kv_store_kernel_v3, *idx, True, False).get_kernel_source()
-    assert BF16X2_PRELUDE in src and "tl_kvs_bf16x2_fma(aw" in src and "__byte_perm" in src
-    assert "*(uint2*)(cache" in src and "__fdiv_rn(amax" not in src
-    # hadamard_mma: the Hadamard's cross-lane butterflies (one shuffle site) become one MMA call site (2 x 8
-    # tiles, unrolled); the norm's and the scale group's shuffles stay
-    src_mma = compile_for_sm90(kv_store_kernel_v3, *idx, True, *(False,) * 7, True).get_kernel_source()
-    assert HMMA_PRELUDE in src_mma and src_mma.count("tl_kvs_hmma_chain<") == 1
-    assert src.count("__shfl_xor_sync") == 3 and src_mma.count("__shfl_xor_sync") == 2
-    assert "oth[j_8] = __shfl_xor_sync(" in src and "oth[" not in src_mma
-    assert HMMA_PRELUDE not in compile_for_sm90(  # no Hadamard: no MMA
-        kv_store_kernel_v3, *idx[:3], False, *idx[4:], True, *(False,) * 7, True).get_kernel_source()
-    main = ("fp4_main", 64, True, False, False, 1, "bfloat16", "int64", "int64", 2, 2, 5)
-    src = compile_for_sm90(kv_store_kernel_v3, *main, False, True).get_kernel_source()
-    assert "__fdiv_rn(amax" not in src and "__fmul_rn(amax" in src and "tl_kvs" not in src
-    assert "__fdiv_rn(amax" in compile_for_sm90(kv_store_kernel_v3, *main).get_kernel_source()
-    src = compile_for_sm90(kv_store_kernel_v3, *main, False, True, True, True).get_kernel_source()
-    assert INV_E4M3_PRELUDE in src and "inv = tl_kvs_inv_e4m3(" in src and "__all_sync(" in src
-    assert "__fdiv_rn" not in src.replace("rinv[0] = __fdiv_rn(", "")  # the scale's division is gone
-    src = compile_for_sm90(kv_store_kernel_v3, *main, False, True, True, True, *(False,) * 3, True
-                           ).get_kernel_source()
-    assert "__fdiv_rn" not in src and "rinv[0] = __frcp_rn(" in src  # rcp_norm: no division left
-    fp8 = ("fp8_main", 64, True, False, False, 1, "bfloat16", "int64", "int64", 2, 2, 5)
-    src = compile_for_sm90(kv_store_kernel_v3, *fp8, *(False,) * 4, True, True).get_kernel_source()
-    assert src.count("__syncthreads()") == 1 and src.count("__syncwarp()") == 2  # in the rows loop
-    assert "maxabs" not in src
-    src = compile_for_sm90(kv_store_kernel_v3, *fp8, *(False,) * 6, True).get_kernel_source()
-    # one call site, in an unrolled loop
-    assert AMAX_PRELUDE in src and src.count("tl_kvs_bf16x2_maxabs(a16, ") == 1
-    assert "max.xorsign.abs.bf16x2" in src
-    assert "__syncthreads()" not in compile_for_sm90(kv_store_kernel_v3, *main).get_kernel_source()
-    names = ("e2m1_bf16x2", "scale_mul")
-    flags = lambda *on: tuple(n in on for n in V3_OPTION_NAMES)  # noqa: E731
-    assert v3_options(FORMATS["fp4_index"], names) == flags("e2m1_bf16x2")
-    assert v3_options(FORMATS["fp4_main"], names) == flags("scale_mul")
-    assert v3_options(FORMATS["fp8_main"], names) == () and v3_options(FORMATS["bf16"], names) == ()
-    with pytest.raises(ValueError, match="options"):
-        v3_options(FORMATS["fp4_main"], ("e2m1_bf16", ))
-    with pytest.raises(ValueError, match="needs inv_table"):
-        v3_options(FORMATS["fp4_main"], ("scale_mul", "e2m1_noclamp"))
-    # rope_spread needs the pairs to split evenly over a row's 16 lanes: rope_dim 48 keeps the chunk-wise RoPE
-    st48 = ("fp4_main", 48, True, False, False, 1, "bfloat16", "int64", "int64", 2, 2, 6)
-    src = compile_for_sm90(kv_store_kernel_v3, *st48, *v3_options(FORMATS["fp4_main"])).get_kernel_source()
-    assert "__syncwarp()" not in src and "__all_sync(" in src
-    monkeypatch.delenv("KV_STORE_V3_OPTIONS", raising=False)  # the defaults: on where they apply
-    assert v3_options(FORMATS["fp4_index"]) == flags("e2m1_bf16x2", "weight_smem", "hadamard_mma",
-                                                     "pred_store")
-    assert v3_options(FORMATS["fp4_main"]) == flags("scale_mul", "inv_table", "e2m1_noclamp", "weight_smem",
-                                                    "rope_spread", "pred_store")
-    assert v3_options(FORMATS["fp8_main"]) == flags("weight_smem", "rope_spread", "amax_bf16x2", "rcp_norm")
-    assert v3_options(FORMATS["bf16"]) == flags("weight_smem")
-    monkeypatch.setenv("KV_STORE_V3_OPTIONS", "none")
-    assert v3_options(FORMATS["fp4_index"]) == () and v3_options(FORMATS["fp4_main"]) == ()
-
-
-@pytest.mark.parametrize("cfg", [("bf16", 64, True, False, True, 1, "bfloat16", "int64", "int64", 2),
-                                 ("fp4_index", 64, False, True, False, 5, "float32", "int32", "int32")],
-                         ids=["bf16_R2", "fp4_index_rpb5"])
-def test_build_sm90_v2(cfg):
-    """Variant v2 lowers and compiles; a BF16 row is stored from the rounded BF16 words (no re-round)."""
-    from tilelang_ops.build import compile_for_sm90
-    from tilelang_ops.kv_store import kv_store_kernel_v2
-
-    src = compile_for_sm90(kv_store_kernel_v2, *cfg).get_kernel_source()
-    assert "__shfl_xor_sync" in src
-    if cfg[0] == "bf16":
-        assert "*(uint4*)(cache" in src and "& (ushort)255" not in src
-
-
-def test_kernel_supports():
-    from tilelang_ops.kv_store import kernel_supports
-
-    for fmt in FORMATS.values():
-        for interleaved in (True, False):
-            assert kernel_supports(fmt, 64, interleaved) is None
-    assert kernel_supports(FP8_MAIN_KV_FORMAT, 8, True) is not None  # not a multiple of 16
-    assert kernel_supports(FP8_MAIN_KV_FORMAT, 48, False) is not None  # half-split partner lanes
-    assert kernel_supports(KVCacheFormat("x", 384, "e4m3", "ue8m0", 32), 64, True) is not None
-
-
-def test_wrapper_rejects_cpu_and_unsupported():
-    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
-
-    case = StoreCase("w", "fp8_main", 4)
-    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(case)
-    with pytest.raises(ValueError, match="CUDA"):
-        norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt)
-    with pytest.raises(TypeError):  # the shared host checks run first
-        norm_rope_hadamard_cast_store(kv.float(), w, 1e-6, cos, sin, pos, slots, cache, fmt)
-
-
-def compare_store(got, want, fmt, slots):
-    """The tolerant rule of tilelang_ops/diffcases/kv_store.py (kept for compress_store, whose gated
-    mean may move a rounding): unwritten bytes bitwise; codes and scales one step at most, in at most
-    0.1% of them. kv_store's own kernel tests compare bitwise."""
-    for c in kv_diff.compare_store(got, want, fmt, slots):
-        c.check()
-
-
-def test_compare_store_can_fail():
-    """The tolerant comparison must reject a two-step code, a moved sentinel and a 1%-wide drift."""
-    case = StoreCase("cmp", "fp8_main", 50)
-    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(case)
-    norm_rope_hadamard_cast_store_ref(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt)
-    compare_store(cache, cache.clone(), fmt, slots)
-    s = int(slots[0])
-    blk, r = divmod(s, 8)
-    bad = cache.clone()
-    bad[blk, r * 528 + 3] ^= 0x02  # two steps away
-    with pytest.raises(AssertionError):
-        compare_store(bad, cache, fmt, slots)
-    bad = cache.clone()
-    unused = [x for x in range(cache.shape[0] * 8) if x not in set(slots.tolist())][0]
-    bad[unused // 8, (unused % 8) * 528] ^= 1
-    with pytest.raises(AssertionError):
-        compare_store(bad, cache, fmt, slots)
-    bad = cache.clone()
-    for x in slots[slots >= 0].tolist():
-        b, rr = divmod(x, 8)
-        for k in range(0, 64, 7):
-            code = int(bad[b, rr * 528 + k])
-            bad[b, rr * 528 + k] = code + 1 if code not in (0x7E, 0xFE, 0x7F, 0xFF, 0x80, 0) else code
-    with pytest.raises(AssertionError):
-        compare_store(bad, cache, fmt, slots)
-
-
-GPU = "cuda"  # the GPU-tier tests' device (a dry run of their plumbing can point it at "cpu")
-
-
-def _sync():
-    if GPU == "cuda":
-        torch.cuda.synchronize()
-
-
-@dataclass(frozen=True)
-class GpuCase(StoreCase):
-    rows_per_block: int = 64  # a real cache block (StoreCase's CPU cases use 8)
-    out_norm: bool = True
-
-
-GPU_CASES = []
-for _f, _h in (("fp8_main", False), ("fp4_main", False), ("fp4_index", True), ("bf16", False)):
-    for _rows in (1, 5, 64, 1000, 65536, 1 << 20):
-        GPU_CASES.append(GpuCase(f"{_f}_rows{_rows}", _f, _rows, hadamard=_h))
-    GPU_CASES.append(GpuCase(f"{_f}_half_w32_i32", _f, 777, interleaved=False, hadamard=_h, weight_fp32=True,
-                             index_dtype=torch.int32, out_norm=False))
-GPU_CASES += [
-    GpuCase("fp4_main_rope48", "fp4_main", 1000, rope_dim=48),
-    GpuCase("fp4_main_rope128", "fp4_main", 777, rope_dim=128),
-    GpuCase("fp8_main_rope16", "fp8_main", 333, rope_dim=16),
-    GpuCase("fp8_main_rope128_half", "fp8_main", 333, interleaved=False, rope_dim=128),
-    GpuCase("bf16_rope32_half", "bf16", 100, interleaved=False, rope_dim=32),
-    GpuCase("fp4_index_had_rope32_half", "fp4_index", 333, interleaved=False, hadamard=True, rope_dim=32),
-    GpuCase("fp8_main_hadamard", "fp8_main", 333, hadamard=True),  # main rows' Hadamard: amax_bf16x2 reads
-    GpuCase("fp4_main_hadamard_half", "fp4_main", 333, interleaved=False, hadamard=True),  # its BF16 words
-    GpuCase("fp4_index_plain_rows4097", "fp4_index", 4097),
-    GpuCase("fp4_index_hadamard_rpb5", "fp4_index", 333, hadamard=True, rows_per_block=5),
-    GpuCase("fp4_index_half_rpb16", "fp4_index", 100, interleaved=False, rows_per_block=16),
-]
-
-
-def _gpu_inputs(case: GpuCase, slack: int = 3):
-    g = torch.Generator().manual_seed(case.rows)
-    num_blocks = (case.rows * slack) // case.rows_per_block + 2
-    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(case, GPU, max_position=4096,
-                                                          num_blocks=num_blocks, gen=g)
-    if case.rows > 2:
-        slots[::17] = -1  # a sprinkling of skipped rows
-    return fmt, kv, w, cos, sin, pos, slots, cache
-
-
-def _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache, out_norm, variant=None, reference_order=False):
-    """Loop-reference-equivalent results: the twin (tested bitwise equal to the loop reference) on
-    CPU for small shapes, on the GPU for large ones. Where ``variant``'s kernel sums the Hadamard on the
-    tensor cores (``uses_hadamard_mma``, options from the environment), the twin sums in that order
-    (``hadamard_mma_model``) unless ``reference_order``."""
-    from tilelang_ops.kv_store import uses_hadamard_mma
-
-    dev = "cpu" if case.rows <= 4096 else GPU
-    t = lambda x: None if x is None else x.to(dev)  # noqa: E731
-    c, on = t(cache), t(out_norm)
-    mma = not reference_order and uses_hadamard_mma(variant, fmt, case.hadamard, case.rope_dim,
-                                                    case.interleaved)
-    norm_rope_hadamard_cast_store_torch(t(kv), t(w), 1e-6, t(cos), t(sin), t(pos), t(slots), c, fmt,
-                                        rope_dim=case.rope_dim, interleaved=case.interleaved,
-                                        hadamard=case.hadamard, out_norm=on,
-                                        hadamard_fn=hadamard_mma_model if mma else None)
-    return c, on
-
-
-def _check_cache(label, case, fmt, got, want, slots, variant=None):
-    """The kernel's cache against the oracle's (``_oracle``, in the kernel's Hadamard order): bitwise,
-    except where the kernel sums the Hadamard on the tensor cores: the MMA's FP32 accumulation is the
-    hardware's own (hadamard_mma_model is exact-then-round; the H200 differed from it in 12 of 67M bytes
-    on rows spread over 24 binades), so there the issue's tolerance applies (``compare_store``)."""
-    from tilelang_ops.kv_store import uses_hadamard_mma
-
-    want = want.to(got.device)
-    if uses_hadamard_mma(variant, fmt, case.hadamard, case.rope_dim, case.interleaved):
-        for c in kv_diff.compare_store(got, want, fmt, slots):
-            c.check()
-    else:
-        compare_bitwise(label, got, want).check()
-
-
-def _check_reference_order(case, fmt, kv, w, cos, sin, pos, slots, cache, variant=None):
-    """Where the kernel sums the Hadamard on the tensor cores: its cache against the reference's order
-    under the issue's tolerance (an FP32 sum one ulp apart may flip a rounding: each differing code or
-    scale one step off, at most 0.1% of them; unwritten bytes bitwise). Returns the differing bytes."""
-    from tilelang_ops.kv_store import uses_hadamard_mma
-
-    if not uses_hadamard_mma(variant, fmt, case.hadamard, case.rope_dim, case.interleaved):
-        return 0
-    ref, _ = _oracle(case, fmt, kv, w, cos, sin, pos, slots, torch.full_like(cache, SENTINEL), None,
-                     reference_order=True)
-    ref = ref.to(cache.device)
-    differ = int((cache != ref).sum())
-    print(f"{case.id}: {differ} cache bytes differ from the reference's Hadamard order")
-    for c in kv_diff.compare_store(cache, ref, fmt, slots):
-        c.check()
-    return differ
-
-
-@requires_cuda
-@pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
-def test_kernel_vs_reference(case):
-    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
-
-    fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
-    want_cache = cache.clone()
-    out_norm = None
-    if case.out_norm:
-        out_norm = torch.full((case.rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
-    want_cache, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, want_cache,
-                                    None if out_norm is None else out_norm.clone())
-    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=case.rope_dim,
-                                  interleaved=case.interleaved,
-                                  hadamard=case.hadamard, out_norm=out_norm)
-    _sync()
-    # Bitwise, every case: kernel and reference run the same FP32 operations in the same order (the
-    # sum of squares in rms_sum_of_squares' documented order, IEEE sqrt / division, no FMA), so the
-    # whole cache (payload, scales, untouched sentinel bytes) and the norm stage are identical.
-    # (The tensor-core Hadamard, where on, sums in another order: the oracle follows it, and
-    # _check_reference_order holds it to the issue's tolerance against the reference's order.)
-    _check_cache("kv_cache", case, fmt, cache, want_cache, slots)
-    if out_norm is not None:
-        compare_bitwise("out_norm", out_norm, want_norm.to(out_norm.device)).check()
-    _check_reference_order(case, fmt, kv, w, cos, sin, pos, slots, cache)
-    # determinism: a second launch into a fresh copy gives the same bytes
-    cache2 = torch.full_like(cache, SENTINEL)
-    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache2, fmt,
-                                  rope_dim=case.rope_dim, interleaved=case.interleaved,
-                                  hadamard=case.hadamard)
-    _sync()
-    compare_bitwise("determinism", cache2, cache).check()
-
-
-VARIANT_CASES = [GpuCase("fp8_main_rows3001", "fp8_main", 3001),
-                 GpuCase("fp4_main_rows1000", "fp4_main", 1000),
-                 GpuCase("fp4_index_had_rpb5", "fp4_index", 333, hadamard=True, rows_per_block=5),
-                 GpuCase("bf16_rows65536", "bf16", 65536),
-                 GpuCase("bf16_half_w32_i32", "bf16", 777, interleaved=False, weight_fp32=True,
-                         index_dtype=torch.int32),
-                 GpuCase("fp8_main_rows1M", "fp8_main", 1 << 20, out_norm=False)]
-
-
-@requires_cuda
-@pytest.mark.parametrize("variant", ["v1", "v2", "v3"])
-@pytest.mark.parametrize("case", VARIANT_CASES, ids=case_id)
-def test_kernel_variants(case, variant):
-    """Each kernel variant (v1: the first kernel, v2: fewer instructions, v3: two chunks per lane) on
-    its own: bitwise equal to the oracle (cache and out_norm), and to the others by transitivity."""
-    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
-
-    fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
-    out_norm = None
-    if case.out_norm:
-        out_norm = torch.full((case.rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
-    want, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache.clone(),
-                              None if out_norm is None else out_norm.clone(), variant=variant)
-    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=case.rope_dim,
-                                  interleaved=case.interleaved,
-                                  hadamard=case.hadamard, out_norm=out_norm, variant=variant)
-    _sync()
-    # bitwise: both variants run the reference's FP32 operations in its order (see the kernel docstring)
-    _check_cache(f"kv_cache {variant}", case, fmt, cache, want, slots, variant)
-    if out_norm is not None:
-        compare_bitwise(f"out_norm {variant}", out_norm, want_norm.to(out_norm.device)).check()
-
-
-def test_wrapper_rejects_unknown_variant():
-    from tilelang_ops.kv_store import VARIANTS, norm_rope_hadamard_cast_store
-
-    assert VARIANTS == ("v1", "v2", "v3")
-    fmt, kv, w, cos, sin, pos, slots, cache = make_inputs(StoreCase("v", "fp8_main", 4))
-    with pytest.raises(ValueError, match="variant"):
-        norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, variant="v9")
-
-
-def _check_v3_against_oracle(case):
-    """v3 (launch shape / options from the environment) on ``case``: cache and out_norm bitwise equal
-    to the oracle."""
-    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
-
-    fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
-    out_norm = torch.full((case.rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
-    want, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache.clone(), out_norm.clone())
-    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=case.rope_dim,
-                                  interleaved=case.interleaved,
-                                  hadamard=case.hadamard, out_norm=out_norm, variant="v3")
-    _sync()
-    _check_cache(f"kv_cache rows={case.rows}", case, fmt, cache, want, slots)
-    compare_bitwise(f"out_norm rows={case.rows}", out_norm, want_norm.to(out_norm.device)).check()
-
-
-HMMA_CASES = [GpuCase("idx_rows1M", "fp4_index", 1 << 20, hadamard=True, out_norm=False),
-              GpuCase("idx_rows1000", "fp4_index", 1000, hadamard=True),
-              GpuCase("idx_half_rpb5", "fp4_index", 333, interleaved=False, hadamard=True, rows_per_block=5),
-              GpuCase("idx_tiny", "fp4_index", 515, hadamard=True, scale=1e-30),
-              GpuCase("idx_rope32_half", "fp4_index", 333, interleaved=False, hadamard=True, rope_dim=32)]
-
-
-@requires_cuda
-@pytest.mark.parametrize("mixed", [False, True], ids=["randn", "mixed"])
-@pytest.mark.parametrize("case", HMMA_CASES, ids=case_id)
-def test_kernel_hadamard_mma(case, mixed, monkeypatch):
-    """The tensor-core Hadamard (option hadamard_mma, forced on) within the issue's tolerance of the twin
-    in its approximate order (hadamard_mma_model: the MMA's 16-term sums exact, rounded once; the H200's
-    accumulator rounds otherwise) and of the reference's order; out_norm bitwise. ``mixed``: inputs
-    spread over 24 binades, so that many FP32 sums round and the orders part (H200, 1M rows: 12 bytes
-    differ from the model, 18 from the reference; randn: none)."""
-    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
-
-    monkeypatch.setenv("KV_STORE_V3_OPTIONS", "e2m1_bf16x2,weight_smem,hadamard_mma")
-    fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
-    if mixed:
-        g = torch.Generator().manual_seed(case.rows + 1)
-        kv = (kv.float() * torch.exp2(torch.randint(-20, 4, tuple(kv.shape), generator=g).float()
-                                      ).to(kv.device)).bfloat16()
-    out_norm = None
-    if case.out_norm:
-        out_norm = torch.full((case.rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
-    want, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache.clone(),
-                              None if out_norm is None else out_norm.clone())
-    norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=case.rope_dim,
-                                  interleaved=case.interleaved, hadamard=True, out_norm=out_norm)
-    _sync()
-    print(f"hadamard_mma {case.id} mixed={mixed}: {int((cache != want.to(cache.device)).sum())} cache bytes "
-          f"differ from the model's order (of {int((slots >= 0).sum()) * fmt.row_bytes} written)")
-    _check_reference_order(case, fmt, kv, w, cos, sin, pos, slots, cache)
-    _check_cache("kv_cache vs hadamard_mma_model", case, fmt, cache, want, slots)
-    if out_norm is not None:
-        compare_bitwise("out_norm", out_norm, want_norm.to(out_norm.device)).check()
-
-
-@requires_cuda
-@pytest.mark.parametrize("chunks", [2, 4])
-@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
-@pytest.mark.parametrize("fmt_name", list(FORMATS))
-def test_kernel_v3_chunks(fmt_name, interleaved, chunks, monkeypatch):
-    """v3 with 2 and 4 chunks per lane (forced; 4 falls back to 2 where the half-split RoPE partner
-    would share the lane) on a partial last CTA and a tiny launch: bitwise equal to the oracle."""
-    monkeypatch.setenv("KV_STORE_CHUNKS", str(chunks))
-    for rows in (3001, 7):
-        index = fmt_name == "fp4_index"
-        case = GpuCase(f"c{chunks}", fmt_name, rows, interleaved=interleaved, hadamard=index,
-                       rows_per_block=5 if index else 64)
-        _check_v3_against_oracle(case)
-
-
-@requires_cuda
-@pytest.mark.parametrize("rpt", [1, 2])
-@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
-@pytest.mark.parametrize("options", [",".join(V3_OPTION_NAMES), "none"],
-                         ids=["options", "plain"])
-@pytest.mark.parametrize("fmt_name", ["fp4_main", "fp4_index", "fp8_main", "bf16"])
-def test_kernel_v3_options(fmt_name, options, interleaved, rpt, monkeypatch):
-    """v3 with its options on (KV_STORE_V3_OPTIONS: e2m1_bf16x2 for FP4 index, scale_mul, inv_table and
-    e2m1_noclamp for FP4 main, weight_smem, rcp_norm, pred_store and rstd_first for all, rope_spread and
-    amax_bf16x2 for main rows, hadamard_mma for index rows) and off, rows per thread forced, on a partial
-    last CTA, a tiny launch, rows of tiny values (scales at the amax floor) and, for FP4 main, rows whose
-    amax / 6 lands just above subnormal e4m3 scales (|z| up to 9: e2m1_noclamp's clamped encode): equal
-    to the oracle (``_check_cache``: bitwise; the options change instructions, not bytes, except
-    hadamard_mma's order)."""
-    monkeypatch.setenv("KV_STORE_V3_OPTIONS", options)
-    monkeypatch.setenv("KV_STORE_ROWS_PER_THREAD", str(rpt))
-    index = fmt_name == "fp4_index"
-    tiny, near_subnormal = (1e-30, 1.0) if index else (1e-6, 5e-6)
-    for rows, scale in ((3001, 1.0), (7, 1.0), (515, tiny), (263, near_subnormal)):
-        case = GpuCase(f"opt{rows}", fmt_name, rows, interleaved=interleaved, hadamard=index, scale=scale,
-                       rows_per_block=5 if index else 64)
-        _check_v3_against_oracle(case)
-
-
-@requires_cuda
-@pytest.mark.parametrize("rpt", [1, 2, 4])
-@pytest.mark.parametrize("fmt_name", list(FORMATS))
-def test_kernel_rows_per_thread(fmt_name, rpt, monkeypatch):
-    """Every rows-per-thread variant (forced; the wrapper picks one by size) on an odd row count (a
-    partial last CTA, rows < R * rows_per_cta tails): bitwise equal to the oracle."""
-    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
-
-    monkeypatch.setenv("KV_STORE_ROWS_PER_THREAD", str(rpt))
-    for rows in (3001, 7):
-        case = GpuCase(f"rpt{rpt}", fmt_name, rows, hadamard=fmt_name == "fp4_index")
-        fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
-        out_norm = torch.full((rows, fmt.dim), 3.0, dtype=torch.bfloat16, device=GPU)
-        want, want_norm = _oracle(case, fmt, kv, w, cos, sin, pos, slots, cache.clone(), out_norm.clone())
-        norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, hadamard=case.hadamard,
-                                      out_norm=out_norm)
-        _sync()
-        _check_cache(f"kv_cache rows={rows}", case, fmt, cache, want, slots)
-        compare_bitwise(f"out_norm rows={rows}", out_norm, want_norm.to(out_norm.device)).check()
-
-
-@requires_cuda
-@pytest.mark.parametrize("fmt_name", list(FORMATS))
-@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "half"])
-@pytest.mark.parametrize("options", ["default", "all"])
-def test_kernel_exact_inputs_bitwise(fmt_name, interleaved, options, monkeypatch):
-    """|x| = 1 rows, eps = 0, position 0 (cos = 1, sin = 0): every stage is exact, so the kernel must
-    match the loop reference bit for bit (cache and out_norm), with its default v3 options and with all
-    of them (the tensor-core Hadamard included: exact sums leave no order to differ)."""
-    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
-
-    if options == "all":
-        monkeypatch.setenv("KV_STORE_V3_OPTIONS", ",".join(V3_OPTION_NAMES))
-
-    fmt = FORMATS[fmt_name]
-    rows, rpb = 300, 64
-    g = torch.Generator().manual_seed(17)
-    kv = torch.where(torch.rand(rows, fmt.dim, generator=g) < 0.5, -1.0, 1.0).bfloat16()
-    w = (torch.randn(fmt.dim, generator=g)
-         * torch.exp2(torch.randint(-20, 20, (fmt.dim,), generator=g).float())).bfloat16()
-    ang = torch.rand(8, 32, generator=g) * 6.3
-    cos, sin = torch.cos(ang), torch.sin(ang)
-    cos[0], sin[0] = 1.0, 0.0
-    pos = torch.zeros(rows, dtype=torch.int64)
-    slots = torch.randperm(rows * 2, generator=g)[:rows]
-    slots[::7] = -1
-    cache = torch.full(((rows * 2) // rpb + 1, fmt.block_bytes(rpb)), SENTINEL, dtype=torch.uint8)
-    hadamard = fmt_name == "fp4_index"
-    if hadamard:  # 7-bit integers times 2^-1..2^1: every Hadamard sum is a multiple of 1/2 below 2^15, exact
-        # in FP32 in any order (asserted below), so the tensor-core order cannot differ either
-        w = (torch.randint(-127, 128, (fmt.dim,), generator=g).float()
-             * torch.exp2(torch.randint(-1, 2, (fmt.dim,), generator=g).float())).bfloat16()
-        sums = (kv.double() * w.double()) @ _hadamard_matrix(fmt.dim).T
-        assert torch.equal(sums.float().double(), sums)
-    want, want_norm = cache.clone(), torch.zeros(rows, fmt.dim, dtype=torch.bfloat16)
-    norm_rope_hadamard_cast_store_ref(kv, w, 0.0, cos, sin, pos, slots, want, fmt, interleaved=interleaved,
-                                      hadamard=hadamard, out_norm=want_norm)
-    got, got_norm = cache.to(GPU), torch.zeros(rows, fmt.dim, dtype=torch.bfloat16, device=GPU)
-    dev = [t.to(GPU) for t in (kv, w, cos, sin, pos, slots)]
-    norm_rope_hadamard_cast_store(dev[0], dev[1], 0.0, *dev[2:], got, fmt, interleaved=interleaved,
-                                  hadamard=hadamard, out_norm=got_norm)
-    compare_bitwise("kv_cache", got, want).check()
-    compare_bitwise("out_norm", got_norm, want_norm).check()
-
-
-@requires_cuda
-def test_kernel_repeated_calls_and_bad_rows(monkeypatch):
-    from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
-
-    case = GpuCase("rep", "fp8_main", 200)
-    fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
-    want = cache.clone()
-    for step in range(3):  # three calls into one cache, disjoint-or-overlapping slot sets
-        s = torch.roll(slots, step * 13)
-        kvs = (kv.float() * (step + 1)).bfloat16()
-        norm_rope_hadamard_cast_store(kvs, w, 1e-6, cos, sin, pos, s, cache, fmt)
-        want, _ = _oracle(case, fmt, kvs, w, cos, sin, pos, s, want, None)
-        compare_bitwise(f"kv_cache call {step}", cache, want.to(cache.device)).check()
-    # bad slot / position: without the debug switch the kernel skips those rows (no write anywhere)
-    monkeypatch.delenv("TILELANG_OPS_DEBUG", raising=False)
-    bad_slots = torch.tensor([cache.shape[0] * case.rows_per_block + 5, -1, 3], device=GPU)
-    bad_pos = torch.tensor([0, 0, 10**7], device=GPU)
-    before = cache.clone()
-    norm_rope_hadamard_cast_store(kv[:3], w, 1e-6, cos, sin, bad_pos, bad_slots, cache, fmt)
-    compare_bitwise("skipped rows leave the cache alone", cache, before).check()
-    monkeypatch.setenv("TILELANG_OPS_DEBUG", "1")
-    with pytest.raises(ValueError):
-        norm_rope_hadamard_cast_store(kv[:3], w, 1e-6, cos, sin, bad_pos, bad_slots, cache, fmt)

@@ -5,11 +5,13 @@ is rounded to BF16 and stays in registers, then ``tilelang_ops.kv_store.make_row
 kernel's own per-row ``@T.macro``, imported, not copied) normalizes, rotates, casts and stores it. The
 compressed row never travels through global memory; the ring is updated in the same launch.
 
-Work split (v1, prefill v2; decode v3 under Variants): one warp per compressed row, lane ``l``
-holding channels ``16 l .. 16 l + 15`` (the store macro's layout), ``WARPS`` warps per CTA. Prefill warps
-take ``PREFILL_ROWS_PER_WARP`` consecutive rows; a warp finds its first row's request with a 32-ary search
-over ``cu_compressed`` (each step one load per lane and a warp sum, ``ceil(log32(num_reqs))`` steps) and
-then steps forward row by row (every request owns at least one row). Decode has one row per query token.
+Prefill (``compress_store_prefill_kernel``): one warp per compressed row at a time, lane ``l`` holding
+channels ``16 l .. 16 l + 15`` (the store macro's layout), ``config.warps`` warps per CTA, each taking
+``config.rows_per_warp`` consecutive rows as a software pipeline (row k's loads are in flight while row
+k - 1 is normalized, cast and stored). A warp finds its first row's request with a 32-ary search over
+``cu_compressed`` (each step one load per lane and a warp sum, ``ceil(log32(num_reqs))`` steps) and then
+steps forward row by row (every request owns at least one row). Decode
+(``compress_store_decode_kernel``): one row per query token, two thread layouts in one CTA (see there).
 
 Ring ordering (same guarantees as the compress kernel, SPEC 1.2-1.3):
 * prefill: only a request's first row can read the ring (the group that began before the chunk). The
@@ -22,28 +24,13 @@ Ring ordering (same guarantees as the compress kernel, SPEC 1.2-1.3):
   group still reads, so all tokens' inputs are visible regardless of block order.
 
 Arithmetic: the gated mean follows ``reference.compress`` operation by operation (max, ``expf`` of
-the difference, ascending sums, separate IEEE multiply and add, IEEE division, one BF16 RNE cast),
-the same sequence as the compress kernel (which uses ``T.exp`` = ``expf`` and ``--fmad=false``), so
-the fused kernel's cache bytes, ring and out_norm are bitwise those of our two-kernel pipeline
-(``two_kernel_*`` below); the store arithmetic is the store kernel's own macro (its docstring lists
-the one documented difference from torch: the RMS sum-of-squares order). The compress kernel's gated
-mean cannot be imported: it is written inline in its prim_func for another thread layout (4 channels
-per thread, per-block metadata in shared memory); ``make_gated_mean`` is the same operation order
-for the store macro's layout (16 channels per lane).
-
-Variants (``VARIANTS[op]``; ``VARIANT`` per operation, or ``variant=`` per call): each operation keeps one
-fast kernel, its default, plus "v1", the first version, verified on the H200 and kept as the baseline.
-Prefill "v2" pipelines each warp's rows (row k's loads are in flight while row k-1 is normalized, cast
-and stored), computes one ``expf`` per channel for r = 2 (the other weight is expf(+0) = 1 exactly;
-non-finite scores fall back to v1's sequence) and keeps ring entries in int32. Decode "v3" splits a
-CTA's work into two layouts: its four tokens' gated means with the compress kernel's layout (thread t:
-channels 4t .. 4t+3; the CTA's tokens and the r - 1 before them loaded in one trip, so in-step
-neighbours come from registers) into shared memory, a barrier, then one warp per token runs the store
-macro; it needs no pipeline state (112-119 registers), so more warps share an SM. A v3 prefill (the
-same two layouts: 1M FP8 tokens 1182 -> 1404 us) and a v2 decode (per-warp, speculative neighbour
-loads: b4096q6 90.3 us against v3's 77.7) were removed after the H200 comparison (figures in
-bench_results/h200.txt). All give the same bytes (CPU emulation of the generated CUDA,
-tools/check_compress_store_emu.py; GPU tests of each variant).
+the difference, ascending sums, separate IEEE multiply and add, IEEE division, one BF16 RNE cast; for
+r = 2 one ``expf`` per channel, the same bits: ``make_gated_mean_r2``), the same sequence as the
+compress kernel (which uses ``T.exp`` = ``expf`` and ``--fmad=false``), so the fused kernel's cache bytes,
+ring and out_norm are bitwise those of our two-kernel pipeline (``two_kernel_*`` below); the store
+arithmetic is the store kernel's own macro. The compress kernel's gated mean cannot be imported: it is
+written inline in its prim_func for another thread layout (4 channels per thread, per-block metadata in
+shared memory); ``make_gated_mean`` is the same operation order for the store macro's layout.
 
 Metadata that is out of range (slots, tokens, requests) makes a row skip (no store, no out_norm, no
 ring write); it never reads or writes outside the tensors. Nothing is returned (see
@@ -51,7 +38,9 @@ ring write); it never reads or writes outside the tensors. Nothing is returned (
 """
 
 
+import dataclasses
 import functools
+from dataclasses import dataclass
 
 import tilelang
 import tilelang.language as T
@@ -65,36 +54,59 @@ from metadata.compress_store_args import (
     check_compress_store_prefill_args,
     check_compress_store_prefill_values,
 )
-from tilelang_ops.kv_store import _TORCH_TO_TL, VEC, _dummy_norm, _f32, kernel_supports, make_row_store
+from tilelang_ops.kv_store import (
+    _TORCH_TO_TL,
+    VEC,
+    KVStoreConfig,
+    _dummy_norm,
+    _f32,
+    kernel_supports,
+    make_row_store,
+)
 
 WARP = 32
-# Launch shape (module-level so a benchmark sweep can change them between calls; they are static
-# arguments of the factories, so every value compiles its own kernel).
-WARPS = 4  # prefill warps per CTA
-PREFILL_ROWS_PER_WARP = 4  # amortizes the request search over a few rows
-DECODE_WARPS = 4  # decode warps (query tokens) per CTA
 F4 = 4  # FP32 elements per 16-byte vector access
-# Launch paths per operation (the module docstring's "Variants" says what each is and which were removed)
-VARIANTS = {"prefill": ("v1", "v2"), "decode": ("v1", "v3")}
-VARIANT = {"prefill": "v2", "decode": "v3"}
-V2_WARPS = 4  # v2 prefill warps per CTA
-V2_ROWS_PER_WARP = 16  # v2 prefill rows per warp (the pipeline's depth in time: one prologue per warp)
-V2_ROWS_PER_WARP_SMALL = 4  # below V2_MANY_ROWS rows (more CTAs: shorter tail waves)
-V2_MANY_ROWS = 131072
-V2_MIN_CTAS_PER_SM = 3  # v2 prefill __launch_bounds__ minimum (<= 168 registers: 12 warps per SM)
-# (rows per warp, warps, min CTAs per SM) candidates: the benchmark's sweep times them, the GPU tests check
-# each bitwise (benchmarks/bench_compress_store.py says why each is there)
-V2_PREFILL_SHAPES = [(8, 4, 3), (8, 2, 6), (12, 4, 3), (6, 4, 3), (4, 4, 3), (16, 4, 3), (8, 4, 2)]
-# Tried on the H200 and dropped: an L2 prefetch (prefetch.global.L2, one line per lane per token) of the
-# warp's row 1 / 2 ahead in stage B made 1M FP8 tokens slower, 1200 -> 1280 / 1370 us.
-V3_ROWS = 4  # v3 decode: query tokens per CTA, = warps
-V2_FAST = True  # the store macro's fast arithmetic (kv_store v3's: FFMA sum of squares, FMA e2m1), same bytes
-# Bounds are explicit in the v2 prefill and v3 decode kernels (every index is checked or clamped before
-# its access), so TileLang's per-access guards, which also re-evaluate 64-bit ring modulos per vector,
-# are off.
-# The init check is off as well: it flags the pipeline's registers (read in stage A of iteration k,
-# written in stage B of iteration k - 1), a pattern it cannot follow.
-V2_PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_buffer_init_check": True}
+DECODE_ROWS = 4  # decode: query tokens per CTA (= warps; phase 1's 128 threads x 4 channels cover a row)
+MANY_ROWS = 131072  # prefill launches from this many rows take CompressStoreConfig.rows_per_warp
+
+
+@dataclass(frozen=True)
+class CompressStoreConfig:
+    """The prefill kernel's launch shape (every value compiles its own kernel; all store the same bytes).
+
+    rows_per_warp: consecutive rows a warp pipelines (one prologue and request search per warp);
+    warps: warps per CTA; min_ctas: ``__launch_bounds__`` minimum CTAs per SM (caps registers).
+    """
+
+    rows_per_warp: int = 16
+    warps: int = 4
+    min_ctas: int = 3
+
+    def __post_init__(self):
+        for name in ("rows_per_warp", "warps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"CompressStoreConfig: {name} must be >= 1, got {getattr(self, name)}")
+        if self.min_ctas < 0:
+            raise ValueError(f"CompressStoreConfig: min_ctas must be >= 0, got {self.min_ctas}")
+
+    def replace(self, **changes) -> "CompressStoreConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def prefill_config(rows: int) -> CompressStoreConfig:
+    """The launch rule: 16 rows per warp from ``MANY_ROWS`` compressed rows, 4 below (more CTAs, shorter
+    tail waves); 4 warps, at least 3 CTAs per SM (docs/design.md, "## compress_store")."""
+    return CompressStoreConfig(rows_per_warp=16 if rows >= MANY_ROWS else 4)
+
+
+# The store macro's config inside the fused kernels: one chunk per lane (the gated mean's layout), no
+# options (they are tuned for the store kernel's own layouts).
+ROW_STORE_CONFIG = KVStoreConfig(chunks=1)
+# Bounds are explicit in both kernels (every index is checked or clamped before its access), so
+# TileLang's per-access guards, which also re-evaluate 64-bit ring modulos per vector, are off. The init
+# check is off as well: it flags the prefill pipeline's registers (read in stage A of iteration k, written
+# in stage B of iteration k - 1), a pattern it cannot follow.
+PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True, "tl.disable_buffer_init_check": True}
 
 _FORMATS = {f.name: f for f in MAIN_BRANCH_FORMATS}
 
@@ -106,25 +118,6 @@ def _expf(x):
     # The CUDA math library's expf (what torch's exp and the compress kernel's T.exp call on the GPU),
     # never the __expf approximation.
     return T.call_extern("float32", "expf", x)
-
-
-@tilelang.jit
-def expf_probe_kernel(threads: int = 256):
-    """Test probe, not an operator: y[i] = expf(x[i]) through ``_expf`` with the fused kernels' compile
-    options (the GPU test that torch's exp and the kernels' expf agree bitwise)."""
-    n = T.dynamic("n")
-
-    @T.prim_func
-    def kernel(
-        x: T.Tensor((n,), "float32"),  # [n] fp32
-        y: T.Tensor((n,), "float32"),  # [n] fp32, expf(x)
-    ):
-        with T.Kernel(T.ceildiv(n, threads), threads=threads) as bx:
-            tx = T.get_thread_binding()
-            if bx * threads + tx < n:
-                y[bx * threads + tx] = _expf(x[bx * threads + tx])
-
-    return kernel
 
 
 def make_gated_mean(r: int, width: int = VEC):
@@ -160,19 +153,19 @@ def make_gated_mean(r: int, width: int = VEC):
     return gated_mean
 
 
-def make_gated_mean_v2(r: int, width: int = VEC):
+def make_gated_mean_r2(r: int, width: int = VEC):
     """``make_gated_mean`` with one ``expf`` per channel for r = 2, same bits.
 
     For finite scores, m = max(s0, s1) is one of them, so that score's difference is +0 and its
     weight expf(+0) = 1 exactly; the other difference is s_min - s_max = -|s0 - s1| (IEEE subtraction
     is sign-symmetric). With diff = s0 - s1 and e = expf(-|diff|):
-        den = 1 + e                      (v1: w0 + w1, either order: FP32 addition commutes)
-        num = v_big + e * v_small        (v1: w0 * v0 + w1 * v1 with one weight 1: 1 * v = v)
+        den = 1 + e                  (make_gated_mean: w0 + w1, either order: FP32 addition commutes)
+        num = v_big + e * v_small    (make_gated_mean: w0 * v0 + w1 * v1 with one weight 1: 1 * v = v)
     where v_big is the latent of the larger score (s0 when diff >= 0; equal scores give e = 1, either
-    way). A NaN latent gives a NaN row in both (v1's 1 * NaN and this sum both end in the BF16 cast's
-    canonical NaN). The lane takes this path when the sum of its ``width`` diffs is finite, i.e. every score
-    pair is finite and no difference overflows; otherwise it runs v1's two-expf sequence (so infinite
-    or NaN scores give v1's bits). Other ratios use ``make_gated_mean``.
+    way). A NaN latent gives a NaN row in both (1 * NaN and this sum both end in the BF16 cast's
+    canonical NaN). The lane takes this path when the sum of its ``width`` diffs is finite, i.e. every
+    score pair is finite and no difference overflows; otherwise it runs make_gated_mean's two-expf
+    sequence (so infinite or NaN scores give its bits). Other ratios use ``make_gated_mean``.
     """
     if r != 2:
         return make_gated_mean(r, width)
@@ -230,192 +223,11 @@ def make_row_io(dim: int):
     return load_token, load_ring, store_ring
 
 
-@tilelang.jit
+@tilelang.jit(pass_configs=PASS_CONFIGS)
 def compress_store_prefill_kernel(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
                                   has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
-                                  rows_per_warp: int = PREFILL_ROWS_PER_WARP, warps: int = WARPS):
-    fmt = _FORMATS[fmt_name]
-    dim = fmt.dim
-    assert dim == WARP * VEC, dim
-    rpw = rows_per_warp
-    rows_per_cta = warps * rpw
-    half = rope_dim // 2
-    row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype)
-    gated_mean = make_gated_mean(r)
-    load_token, load_ring, store_ring = make_row_io(dim)
-    num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos = T.dynamic(
-        "num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos")
-    cache_bytes = T.dynamic("cache_bytes", "int64")
-
-    @T.prim_func
-    def kernel(
-        projected_kv: T.Tensor((num_tokens, 2 * dim), "float32"),  # [num_tokens, 2 * D] fp32
-        state: T.Tensor((num_slots, ring, 2, dim), "float32"),  # [num_state_slots, S, 2, D] fp32
-        cu_q: T.Tensor((nreq1,), "int32"),  # [num_reqs + 1] int32
-        ctx: T.Tensor((num_reqs,), "int32"),  # [num_reqs] int32, e
-        sbi: T.Tensor((num_reqs,), "int32"),  # [num_reqs] int32, ring slot
-        cu_c: T.Tensor((nreq1,), "int32"),  # [num_reqs + 1] int32, row offsets
-        weight: T.Tensor((dim,), weight_dtype),  # [D] bf16 or fp32
-        cos: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
-        sin: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
-        positions: T.Tensor((rows,), pos_dtype),  # [rows] int32/int64, j * r
-        slots: T.Tensor((rows,), slot_dtype),  # [rows] int32/int64, < 0: skip
-        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
-        out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [rows, D] bf16 (or [1, D] dummy)
-        eps: T.float32,
-        search_steps: T.int32,  # ceil(log32(num_reqs))
-    ):
-        with T.Kernel(T.ceildiv(rows, rows_per_cta), threads=warps * WARP) as bx:
-            tx = T.get_thread_binding()
-            lane = tx % WARP
-            first_row = bx * rows_per_cta + (tx // WARP) * rpw
-            sc = T.alloc_local([r, VEC], "float32")
-            lt = T.alloc_local([r, VEC], "float32")
-            x = T.alloc_local([VEC], "float32")
-            cps = T.alloc_local([1, VEC], "float32")
-            cpl = T.alloc_local([1, VEC], "float32")
-            lo = T.alloc_var("int32")
-            span = T.alloc_var("int32")
-            step = T.alloc_var("int32")
-            cnt = T.alloc_var("int32")
-            req = T.alloc_var("int32")
-            posv = T.alloc_var("int64")
-            slotv = T.alloc_var("int64")
-            if first_row < rows:
-                # req = the last i with cu_c[i] <= first_row: 32 candidates per step, one per lane; the
-                # lanes that pass form a prefix (cu_c rises), so their count locates the next span.
-                lo = 0
-                span = num_reqs
-                for _ in T.serial(search_steps):
-                    step = (span + WARP - 1) // WARP
-                    cnt = T.if_then_else(
-                        lane * step < span and cu_c[T.min(lo + lane * step, num_reqs)] <= first_row, 1, 0)
-                    for k in T.unroll(5):
-                        cnt = cnt + T.shfl_xor(cnt, 16 >> k)
-                    lo = lo + T.max(cnt - 1, 0) * step
-                    span = T.min(step, span - T.max(cnt - 1, 0) * step)
-                req = T.min(T.max(lo, 0), num_reqs - 1)
-                for kr in T.serial(rpw):
-                    row = first_row + kr
-                    if row < rows:
-                        if req + 1 < num_reqs and row >= cu_c[req + 1]:
-                            req = req + 1
-                        posv = positions[row]  # issued before the inputs: their latencies overlap
-                        slotv = slots[row]
-                        tok0 = cu_q[req]
-                        e = ctx[req]
-                        s = e - (cu_q[req + 1] - tok0)
-                        slot = sbi[req]
-                        k_in = row - cu_c[req]
-                        # the request's metadata addresses only its own chunk and its own ring
-                        ok = (tok0 >= 0 and cu_q[req + 1] <= num_tokens and s >= 0 and slot >= 0
-                              and slot < num_slots and k_in >= 0)
-                        if ok and k_in < e // r - s // r:
-                            g = s // r + k_in
-                            for t in T.unroll(r):
-                                p = g * r + t
-                                if p >= s:  # in this chunk
-                                    load_token(sc, lt, t, projected_kv, tok0 + p - s, lane)
-                                else:  # the group began before the chunk: its earlier inputs wait in the ring
-                                    load_ring(sc, lt, t, state, slot, p % ring, lane)
-                            gated_mean(sc, lt, x)
-                        else:  # placeholder (nc = 0): a zero row
-                            for i in T.unroll(VEC):
-                                x[i] = T.float32(0)
-                        row_store(x, lane, weight, cos, sin, cache, out_norm, posv, slotv, ok, row, max_pos,
-                                  cache_bytes // fmt.row_bytes, eps)
-                        # The first row's warp refreshes the ring after its reads: each lane writes the
-                        # channels it read itself, so program order keeps old reads before new writes.
-                        if ok and k_in == 0:
-                            for p in T.serial(T.max(s, e - ring), e):
-                                load_token(cps, cpl, 0, projected_kv, tok0 + p - s, lane)
-                                store_ring(state, slot, p % ring, cps, cpl, 0, lane)
-
-    return kernel
-
-
-@tilelang.jit
-def compress_store_decode_kernel(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
-                                 has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
-                                 warps: int = DECODE_WARPS):
-    fmt = _FORMATS[fmt_name]
-    dim = fmt.dim
-    assert dim == WARP * VEC, dim
-    half = rope_dim // 2
-    row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype)
-    gated_mean = make_gated_mean(r)
-    load_token, load_ring, store_ring = make_row_io(dim)
-    num_tokens, num_slots, ring, norm_rows, max_pos = T.dynamic(
-        "num_tokens, num_slots, ring, norm_rows, max_pos")
-    cache_bytes = T.dynamic("cache_bytes", "int64")
-
-    @T.prim_func
-    def kernel(
-        projected_kv: T.Tensor((num_tokens, 2 * dim), "float32"),  # [total_q, 2 * D] fp32
-        state: T.Tensor((num_slots, ring, 2, dim), "float32"),  # [num_state_slots, S, 2, D] fp32
-        ctx: T.Tensor((num_tokens,), "int32"),  # [total_q] int32, position + 1
-        sbi: T.Tensor((num_tokens,), "int32"),  # [total_q] int32, ring slot
-        weight: T.Tensor((dim,), weight_dtype),  # [D] bf16 or fp32
-        cos: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
-        sin: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
-        positions: T.Tensor((num_tokens,), pos_dtype),  # [total_q] int32/int64, j * r or 0
-        slots: T.Tensor((num_tokens,), slot_dtype),  # [total_q] int32/int64, < 0: skip
-        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
-        out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [total_q, D] bf16 (or [1, D] dummy)
-        eps: T.float32,
-    ):
-        with T.Kernel(T.ceildiv(num_tokens, warps), threads=warps * WARP) as bx:
-            tx = T.get_thread_binding()
-            lane = tx % WARP
-            i = bx * warps + tx // WARP
-            sc = T.alloc_local([r, VEC], "float32")
-            lt = T.alloc_local([r, VEC], "float32")
-            x = T.alloc_local([VEC], "float32")
-            nctx = T.alloc_local([r], "int32")
-            nsbi = T.alloc_local([r], "int32")
-            posv = T.alloc_var("int64")
-            slotv = T.alloc_var("int64")
-            if i < num_tokens:
-                # Latency: every load whose address is known from i alone is issued up front (own
-                # inputs, neighbours' metadata, the row's position and slot), so a step costs two
-                # dependent trips to memory before the math: these, then the group's other inputs.
-                load_token(sc, lt, r - 1, projected_kv, i, lane)
-                for t in T.unroll(r - 1):
-                    nctx[t] = ctx[T.max(i - (r - 1 - t), 0)]
-                    nsbi[t] = sbi[T.max(i - (r - 1 - t), 0)]
-                posv = positions[i]
-                slotv = slots[i]
-                c = ctx[i]
-                slot = sbi[i]
-                p = c - 1
-                ok = c >= 1 and slot >= 0 and slot < num_slots
-                if ok:
-                    # This token's own inputs go to the ring; no group of this step reads that entry
-                    # from the ring (in-step inputs come from projected_kv; capacity rule).
-                    store_ring(state, slot, p % ring, sc, lt, r - 1, lane)
-                if ok and p % r == r - 1:
-                    for t in T.unroll(r - 1):
-                        back = r - 1 - t  # position p - back
-                        if i - back >= 0 and nsbi[t] == slot and nctx[t] == c - back:
-                            load_token(sc, lt, t, projected_kv, i - back, lane)  # earlier token, this step
-                        else:  # written by an earlier step
-                            load_ring(sc, lt, t, state, slot, (p - back) % ring, lane)
-                    gated_mean(sc, lt, x)
-                else:  # closes no group: a zero row
-                    for j in T.unroll(VEC):
-                        x[j] = T.float32(0)
-                row_store(x, lane, weight, cos, sin, cache, out_norm, posv, slotv, ok, i, max_pos,
-                          cache_bytes // fmt.row_bytes, eps)
-
-    return kernel
-
-
-@tilelang.jit(pass_configs=V2_PASS_CONFIGS)
-def compress_store_prefill_kernel_v2(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
-                                     has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
-                                     rows_per_warp: int = V2_ROWS_PER_WARP, warps: int = V2_WARPS,
-                                     min_ctas_per_sm: int = V2_MIN_CTAS_PER_SM, fast: bool = V2_FAST):
-    """v2 of ``compress_store_prefill_kernel``: same rows, same bits, a software pipeline per warp.
+                                  config: CompressStoreConfig):
+    """Prefill: every compressed row of the chunk, a software pipeline per warp (``config``: its shape).
 
     Iteration k of a warp (rows ``first_row + k``): A) the gated mean of row k-1 from the registers
     its loads filled; B) row k's loads are issued into the same registers (its request's metadata is
@@ -423,19 +235,20 @@ def compress_store_prefill_kernel_v2(fmt_name: str, r: int, rope_dim: int, inter
     norm / RoPE / cast / store and, for a request's first row, the ring refresh. So the HBM loads of
     row k are in flight during row k-1's store math instead of after it. The weight is loaded and
     converted once per warp. Ring entries are int32 (one modulo per entry, not per vector access).
-    ``fast`` (default ``V2_FAST``): ``make_row_store(fast=True, e2m1_fma=True)``, the store kernel's own
-    v3 arithmetic (same bytes; CPU emulation bitwise on every case of tools/check_compress_store_emu.py).
     """
     fmt = _FORMATS[fmt_name]
     dim = fmt.dim
     assert dim == WARP * VEC, dim
-    rpw = rows_per_warp
+    rpw = config.rows_per_warp
+    warps = config.warps
+    min_ctas_per_sm = config.min_ctas
     rows_per_cta = warps * rpw
     half = rope_dim // 2
     wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte weight loads
-    row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype,
-                               weight_in_registers=True, fast=fast, e2m1_fma=fast)
-    gated_mean = make_gated_mean_v2(r)
+    row_store = make_row_store(fmt, ROW_STORE_CONFIG, rope_dim=rope_dim, interleaved=interleaved,
+                               hadamard=False, has_out_norm=has_out_norm, rows_per_block=1,
+                               weight_dtype=weight_dtype)
+    gated_mean = make_gated_mean_r2(r)
     load_token, load_ring, store_ring = make_row_io(dim)
     num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos = T.dynamic(
         "num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos")
@@ -501,7 +314,7 @@ def compress_store_prefill_kernel_v2(fmt_name: str, r: int, rope_dim: int, inter
             c_slot = T.alloc_var("int32")
             ent = T.alloc_var("int32")
             if first_row < rows:
-                # req = the last i with cu_c[i] <= first_row (v1's 32-ary warp search)
+                # req = the last i with cu_c[i] <= first_row (a 32-ary warp search)
                 lo = 0
                 span = num_reqs
                 for _ in T.serial(search_steps):
@@ -583,15 +396,14 @@ def compress_store_prefill_kernel_v2(fmt_name: str, r: int, rope_dim: int, inter
     return kernel
 
 
-@tilelang.jit(pass_configs=V2_PASS_CONFIGS)
-def compress_store_decode_kernel_v3(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
-                                    has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str,
-                                    fast: bool = V2_FAST):
-    """v3 of ``compress_store_decode_kernel``: same rows, same bits, two thread layouts in one CTA.
+@tilelang.jit(pass_configs=PASS_CONFIGS)
+def compress_store_decode_kernel(fmt_name: str, r: int, rope_dim: int, interleaved: bool,
+                                 has_out_norm: bool, weight_dtype: str, pos_dtype: str, slot_dtype: str):
+    """Decode / verification step: two thread layouts in one CTA.
 
-    A CTA of ``V3_ROWS`` warps takes ``V3_ROWS`` consecutive query tokens. Phase 1, the compress kernel's
-    layout (thread t: channels 4t .. 4t+3): one trip loads the inputs and metadata of the CTA's tokens
-    and of the r - 1 tokens before them, so every in-step neighbour of a group is already in registers;
+    A CTA of ``DECODE_ROWS`` warps takes ``DECODE_ROWS`` consecutive query tokens. Phase 1, the compress
+    kernel's layout (thread t: channels 4t .. 4t+3): one trip loads the inputs and metadata of the CTA's
+    tokens and of the r - 1 tokens before them, so every in-step neighbour of a group is already in registers;
     groups whose earlier positions were written by an earlier step read them from the ring (second
     trip). Each token's inputs go to its ring entry (the capacity rule keeps them off every entry a group
     of this step reads), the gated means to shared memory. A barrier; phase 2: warp w runs the store
@@ -600,15 +412,16 @@ def compress_store_decode_kernel_v3(fmt_name: str, r: int, rope_dim: int, interl
     """
     fmt = _FORMATS[fmt_name]
     dim = fmt.dim
-    rows_cta = V3_ROWS
+    rows_cta = DECODE_ROWS
     threads = rows_cta * WARP
     assert dim == threads * F4 and dim == WARP * VEC, dim
     span = rows_cta + r - 1  # tokens whose inputs phase 1 loads: the CTA's and the r - 1 before them
     half = rope_dim // 2
     wvec = 8 if weight_dtype == "bfloat16" else 4  # 16-byte weight loads
-    row_store = make_row_store(fmt, rope_dim, interleaved, False, has_out_norm, 1, weight_dtype,
-                               weight_in_registers=True, fast=fast, e2m1_fma=fast)
-    gated_mean = make_gated_mean_v2(r, F4)
+    row_store = make_row_store(fmt, ROW_STORE_CONFIG, rope_dim=rope_dim, interleaved=interleaved,
+                               hadamard=False, has_out_norm=has_out_norm, rows_per_block=1,
+                               weight_dtype=weight_dtype)
+    gated_mean = make_gated_mean_r2(r, F4)
     num_tokens, num_slots, ring, norm_rows, max_pos = T.dynamic(
         "num_tokens, num_slots, ring, norm_rows, max_pos")
     cache_bytes = T.dynamic("cache_bytes", "int64")
@@ -740,31 +553,6 @@ def _decode_kernel(*static):
     return compress_store_decode_kernel(*static)
 
 
-@functools.lru_cache(maxsize=None)
-def _prefill_kernel_v2(*static):
-    return compress_store_prefill_kernel_v2(*static)
-
-
-@functools.lru_cache(maxsize=None)
-def _decode_kernel_v3(*static):
-    return compress_store_decode_kernel_v3(*static)
-
-
-def v2_prefill_launch(rows: int) -> tuple:
-    """The v2 prefill factory's launch arguments for a launch of ``rows`` compressed rows: (rows per
-    warp, warps, min CTAs per SM, fast), from the module constants at call time (the benchmark's sweep
-    and the tests change them)."""
-    rpw = V2_ROWS_PER_WARP if rows >= V2_MANY_ROWS else V2_ROWS_PER_WARP_SMALL
-    return rpw, V2_WARPS, V2_MIN_CTAS_PER_SM, V2_FAST
-
-
-def _variant(variant, op):
-    v = VARIANT[op] if variant is None else variant
-    if v not in VARIANTS[op]:
-        raise ValueError(f"compress_store {op}: variant must be one of {VARIANTS[op]}, got {v!r}")
-    return v
-
-
 def _search_steps(num_reqs: int) -> int:
     steps, reach = 0, 1
     while reach < num_reqs:
@@ -784,7 +572,7 @@ def _static(fmt, r, rope_dim, interleaved, out_norm, norm_weight, positions, slo
 def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
                            cu_compressed, compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping,
                            kv_cache, fmt, *, out_norm=None, num_rows=None, rope_dim=64,
-                           interleaved=True, variant=None) -> None:
+                           interleaved=True, config: CompressStoreConfig | None = None) -> None:
     """cache[slot_mapping[j]] = cast(rope(rmsnorm(gated_mean(group j)))), ring updated; one launch.
 
     Same arguments and results as ``reference.compress_store.compress_store_prefill_ref``:
@@ -792,14 +580,15 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
     fp32 (in place), cu_seqlens_q/context_lens/state_block_idx/cu_compressed int32 metadata,
     norm_weight [D] bf16/fp32, cos/sin [max_position, rope_dim/2] fp32, positions/slot_mapping
     [rows] int32/int64, kv_cache uint8 (in place), out_norm optional [rows, D] bf16. Returns None.
-    ``variant``: one of ``VARIANTS["prefill"]``, "v1" / "v2" (None: the module's ``VARIANT["prefill"]``);
-    same bytes, different launch path.
+    ``config``: the launch shape (None: ``prefill_config(rows)``); every config stores the same bytes.
     """
     dims = check_compress_store_prefill_args(
         projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
         compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
         out_norm=out_norm, num_rows=num_rows, rope_dim=rope_dim, interleaved=interleaved)
-    v = _variant(variant, "prefill")
+    if config is not None and not isinstance(config, CompressStoreConfig):
+        raise TypeError(f"compress_store_prefill: config must be a CompressStoreConfig, got "
+                        f"{type(config).__name__}")
     check_cuda(projected_kv=projected_kv, state_cache=state_cache, kv_cache=kv_cache)
     static = _static(fmt, compress_ratio, rope_dim, interleaved, out_norm, norm_weight, positions,
                      slot_mapping)
@@ -810,10 +599,7 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
     if dims.store.rows == 0:
         return
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
-    if v == "v1":
-        launch = _prefill_kernel(*static, PREFILL_ROWS_PER_WARP, WARPS)
-    else:
-        launch = _prefill_kernel_v2(*static, *v2_prefill_launch(dims.store.rows))
+    launch = _prefill_kernel(*static, config or prefill_config(dims.store.rows))
     launch(
         projected_kv.contiguous(), state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(),
         state_block_idx.contiguous(), cu_compressed.contiguous(), norm_weight.contiguous(), cos.contiguous(),
@@ -823,17 +609,16 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
 
 def compress_store_decode(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
                           compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
-                          *, out_norm=None, rope_dim=64, interleaved=True, variant=None) -> None:
+                          *, out_norm=None, rope_dim=64, interleaved=True) -> None:
     """Decode / verification step, fused: ring writes, groups closing in the step, their cache rows.
 
     Same arguments and results as ``reference.compress_store.compress_store_decode_ref``. Returns None.
-    ``variant``: one of ``VARIANTS["decode"]``, "v1" / "v3" (None: ``VARIANT["decode"]``).
+    The kernel has no tuning knob (its CTA shape follows from the row width), so no ``config``.
     """
     dims = check_compress_store_decode_args(
         projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio, norm_weight,
         eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm=out_norm, rope_dim=rope_dim,
         interleaved=interleaved)
-    v = _variant(variant, "decode")
     check_cuda(projected_kv=projected_kv, state_cache=state_cache, kv_cache=kv_cache)
     static = _static(fmt, compress_ratio, rope_dim, interleaved, out_norm, norm_weight, positions,
                      slot_mapping)
@@ -843,11 +628,7 @@ def compress_store_decode(projected_kv, state_cache, context_lens, state_block_i
     if dims.store.rows == 0:
         return
     norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
-    if v == "v1":
-        launch = _decode_kernel(*static, DECODE_WARPS)
-    else:
-        launch = _decode_kernel_v3(*static, V2_FAST)
-    launch(
+    _decode_kernel(*static)(
         projected_kv.contiguous(), state_cache, context_lens.contiguous(), state_block_idx.contiguous(),
         norm_weight.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous(),
         slot_mapping.contiguous(), kv_cache.view(-1), norm, float(eps))

@@ -1,16 +1,16 @@
 # ruff: noqa: E501  (case tables)
-"""Emulate the kv_store kernels on CPU (generated CUDA -> C++ via tools/cuda_emu.py, one std::thread per
-CUDA thread) and compare their cache bytes and out_norm bitwise with the vectorized twin (and, on cases
+"""Emulate the kv_store kernel on CPU (generated CUDA -> C++ via tools/cuda_emu.py, one std::thread per
+CUDA thread) and compare its cache bytes and out_norm bitwise with the vectorized twin (and, on cases
 with only in-range slots, the loop reference). Every format, both RoPE conventions, Hadamard, rows per
 thread R = 1 / 2, out_norm on / off, BF16 / FP32 weights, int32 / int64 indices, odd row counts, slot -1,
-slots beyond the cache and positions beyond the table. Each variant in ``VARIANTS`` is checked, and
-"v3opt": v3 with every option of ``V3_OPTION_NAMES`` on (checked where that differs from the defaults),
-and "v3plain": v3 with none (checked where ``V3_OPTIONS`` turns one on by default). The BF16x2 helpers of
-e2m1_bf16x2 and amax_bf16x2 run as C++ emulations (``EMU_PRELUDE``: exact FMA, one RNE to BF16; prmt /
-vmax on the bytes / halves; ``EMU_AMAX_PRELUDE``: max.xorsign.abs on the halves).
-`--mutate` checks that deliberately broken sources are caught.
+slots beyond the cache and positions beyond the table. Each config of ``CONFIGS`` is checked: "default"
+(the launch rule's, R forced), "all" (every option that applies on) and "plain" (none; both only where
+they differ from the default). The BF16x2 helpers of e2m1_bf16x2 and amax_bf16x2 run as C++ emulations
+(``EMU_PRELUDE``: exact FMA, one RNE to BF16; prmt / vmax on the bytes / halves; ``EMU_AMAX_PRELUDE``:
+max.xorsign.abs on the halves). `--mutate` checks that deliberately broken sources are caught.
+tests/test_kv_store_kernel.py runs one small case per format through it (CPU tier).
 
-    PYTHONPATH=. .venv/bin/python tools/check_kv_store_emu.py [case-substring ...] [--variant v3opt] [--mutate]
+    PYTHONPATH=. .venv/bin/python tools/check_kv_store_emu.py [case-substring ...] [--config all] [--mutate]
 """
 import os
 import sys
@@ -21,19 +21,29 @@ os.environ.setdefault("TILELANG_CACHE_DIR", "/tmp/tlcache")
 import torch  # noqa: E402
 
 import tilelang_ops.kv_store as K  # noqa: E402
-from reference.kv_store import norm_rope_hadamard_cast_store_ref, norm_rope_hadamard_cast_store_torch  # noqa: E402
-from tests.test_kv_store import StoreCase, hadamard_mma_model, make_inputs  # noqa: E402
+from reference.kv_store import (  # noqa: E402
+    norm_rope_hadamard_cast_store_ref,
+    norm_rope_hadamard_cast_store_torch_unchecked,
+)
 from tilelang_ops.build import compile_for_sm90  # noqa: E402
+from tilelang_ops.testing.kv_store import (  # noqa: E402
+    FORMATS,
+    StoreCase,
+    all_options,
+    hadamard_mma_model,
+    make_inputs,
+    no_options,
+)
 from tools.cuda_emu import WORK, Emu  # noqa: E402
 
-SRC = f"{WORK}/kv_src"  # generated sources, keyed by variant + static arguments + a hash of kv_store.py
+SRC = f"{WORK}/kv_src"  # generated sources, keyed by a hash of the static arguments and the package's code
 os.makedirs(SRC, exist_ok=True)
-_KHASH = __import__("hashlib").md5(open(K.__file__, "rb").read()).hexdigest()[:8]
+_KHASH = __import__("hashlib").md5(b"".join(
+    open(os.path.join(os.path.dirname(K.__file__), f), "rb").read()
+    for f in sorted(os.listdir(os.path.dirname(K.__file__))) if f.endswith(".py"))).hexdigest()[:8]
+HMMA_CHAIN = K.DEFAULT_CONFIGS["fp4_index"].hmma_chain
 
-
-VARIANTS = list(K.VARIANTS) + ["v3opt", "v3plain"]
-OPTIONS = {"v3opt": K.V3_OPTION_NAMES, "v3plain": ()}  # pseudo-variant -> v3 with these options
-KERNEL = {"v3opt": "v3", "v3plain": "v3"}
+CONFIGS = ("default", "all", "plain")
 
 # C++ stand-ins for kv_store.BF16X2_PRELUDE and the CUDA integer intrinsics it is used with. The FMA:
 # BF16 x BF16 is exact in double, the double FMA rounds once (exact for the encode's operands, whose
@@ -74,10 +84,10 @@ inline uint __byte_perm(uint x, uint y, uint s) {
 """
 
 
-def source(variant, static):
-    key = f"{SRC}/{variant}_{_KHASH}_{'_'.join(map(str, static))}.cu"
+def source(static):
+    key = f"{SRC}/{_KHASH}_{__import__('hashlib').md5(repr(static).encode()).hexdigest()[:16]}.cu"
     if not os.path.exists(key):
-        src = compile_for_sm90(K.KERNELS[KERNEL.get(variant, variant)], *static).get_kernel_source()
+        src = compile_for_sm90(K.kv_store_kernel, *static).get_kernel_source()
         open(key, "w").write(src)
     return open(key).read()
 
@@ -139,10 +149,10 @@ inline void tl_kvs_st16_if(uchar* p, uint a, uint b, uint c, uint d, int ok) {
 _emus = {}
 
 
-def emu_for(variant, static, edit=None):
-    k = (variant, static, edit)
+def emu_for(static, edit=None):
+    k = (static, edit)
     if k not in _emus:
-        src = source(variant, static)
+        src = source(static)
         if edit is not None:
             assert edit[0] in src, edit[0]
             src = src.replace(edit[0], edit[1], 1)
@@ -203,33 +213,34 @@ def inputs(case, bad):
     return fmt, kv, w, cos, sin, pos, slots, cache
 
 
-def static_args(variant, case, fmt, w, pos, slots, has_norm, R):
-    static = K.static_args(KERNEL.get(variant, variant), fmt, (
-        fmt.name, case.rope_dim, case.interleaved, case.hadamard, has_norm,
-        case.rows_per_block if fmt.block_sections else 1, K._TORCH_TO_TL[w.dtype], K._TORCH_TO_TL[pos.dtype],
-        K._TORCH_TO_TL[slots.dtype], R), case.rope_dim, case.interleaved)
-    if variant in OPTIONS:  # v3's arguments end in the option flags when any is on (else none: swap them in)
-        static = static[:12] + K.v3_options(fmt, OPTIONS[variant])
-    return static
+def config_for(name, case, R):
+    """Config ``name`` of CONFIGS for ``case`` at R rows per thread."""
+    fmt = FORMATS[case.fmt]
+    config = K.launch_config(fmt, 1, case.rope_dim, case.interleaved).replace(rows_per_thread=R)
+    if name == "all":
+        return all_options(case.fmt, chunks=config.chunks, rows_per_thread=R)
+    if name == "plain":
+        return no_options(case.fmt, chunks=config.chunks, rows_per_thread=R)
+    return config
 
 
-def applies(variant, case):
-    """False for an option pseudo-variant whose kernel is v3's own for the case's format (the options
-    it asks for are the defaults there)."""
-    fmt = K._FORMATS[case.fmt]
-    if variant not in OPTIONS:
-        return True
-    return K.v3_options(fmt, OPTIONS[variant]) != K.v3_options(fmt, K.V3_OPTIONS[fmt.name])
+def static_args(case, fmt, w, pos, slots, has_norm, config):
+    tl = K._TORCH_TO_TL
+    return K.static_args(fmt, case.rope_dim, case.interleaved, case.hadamard, has_norm, case.rows_per_block,
+                         tl[w.dtype], tl[pos.dtype], tl[slots.dtype], config)
 
 
-def run_emu(variant, case, R, has_norm, data, edit=None, order="forward"):
+def applies(name, case):
+    """False for "all" / "plain" where that config is the case's default."""
+    return name == "default" or config_for(name, case, 1) != config_for("default", case, 1)
+
+
+def run_emu(config, case, has_norm, data, edit=None, order="forward"):
     fmt, kv, w, cos, sin, pos, slots, cache = data
     cache = cache.clone()
-    static = static_args(variant, case, fmt, w, pos, slots, has_norm, R)
-    e = emu_for(variant, static, edit)
+    e = emu_for(static_args(case, fmt, w, pos, slots, has_norm, config), edit)
     out_norm = torch.full((case.rows, fmt.dim), 7.0, dtype=torch.bfloat16) if has_norm else torch.empty(1, fmt.dim, dtype=torch.bfloat16)
-    rows_per_cta = K.rows_per_cta(KERNEL.get(variant, variant), fmt, case.rope_dim, case.interleaved)
-    grid = -(-case.rows // (rows_per_cta * R))
+    grid = -(-case.rows // (K.rows_per_cta(fmt, config) * config.rows_per_thread))
     order_l = list(range(grid))[::-1] if order == "reverse" else list(range(grid))
     e(grid, K.THREADS, order_l, cache=cache.view(-1), cos_1=cos, sin_1=sin, cos=cos, sin=sin, kv=kv, out_norm=out_norm,
       positions=pos, slots=slots, weight=w, cache_bytes=cache.numel(), eps=1e-6, max_pos=cos.shape[0],
@@ -238,14 +249,10 @@ def run_emu(variant, case, R, has_norm, data, edit=None, order="forward"):
     return cache, (out_norm if has_norm else None)
 
 
-def hadamard_fn(variant, case):
-    """The Hadamard order of ``variant``'s kernel on ``case`` (every kernel must equal its own order
-    bitwise here; the tolerance between the orders is the GPU tests' business)."""
-    fmt = K._FORMATS[case.fmt]
-    names = OPTIONS.get(variant)  # None (v3): the defaults or KV_STORE_V3_OPTIONS, as K.static_args reads them
-    use = K.uses_hadamard_mma(KERNEL.get(variant, variant), fmt, case.hadamard, case.rope_dim, case.interleaved,
-                              names)
-    return hadamard_mma_model if use else None
+def hadamard_fn(config, case):
+    """The Hadamard order of the kernel built with ``config`` on ``case`` (every kernel must equal its own
+    order bitwise here; the tolerance between the orders is the GPU tests' business)."""
+    return hadamard_mma_model if K.uses_hadamard_mma(FORMATS[case.fmt], case.hadamard, config) else None
 
 
 def oracle(case, has_norm, data, loop, had=None):
@@ -256,7 +263,7 @@ def oracle(case, has_norm, data, loop, had=None):
         norm_rope_hadamard_cast_store_ref(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=case.rope_dim,
                                           interleaved=case.interleaved, hadamard=case.hadamard, out_norm=out_norm)
     else:
-        norm_rope_hadamard_cast_store_torch(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=case.rope_dim,
+        norm_rope_hadamard_cast_store_torch_unchecked(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt, rope_dim=case.rope_dim,
                                             interleaved=case.interleaved, hadamard=case.hadamard,
                                             out_norm=out_norm, hadamard_fn=had)
     return cache, out_norm
@@ -272,7 +279,7 @@ MUTATIONS = {  # generated-source edits (first occurrence) that must make the ke
     "rstd_scaled": ("__fsqrt_rn(", "1.001f * __fsqrt_rn("),  # the norm's sqrt (its only one)
     "bad_position_stored": ("(position < ((int64_t)max_pos))", "true"),
 }
-# v3opt's cast (case index in CASES, edit): a broken encode, scale or packing must be caught
+# the options' cast with every option on (case index in CASES, edit): a broken encode, scale or packing must be caught
 OPTION_MUTATIONS = {
     "bf16x2_code_offset": (7, ("(uint)17152", "(uint)17280")),  # M's mantissa off by one grid step
     "bf16x2_grid_floor": (7, ("((e8 << (uint)7) * (uint)65537)", "(((e8 - (uint)1) << (uint)7) * (uint)65537)")),
@@ -287,10 +294,10 @@ OPTION_MUTATIONS = {
     "noclamp_always": (14, ("if (__all_sync((uint)4294967295,", "if (1 | __all_sync((uint)4294967295,")),
     # hadamard_mma (the fragments' layout lives in the helper, which the emulator replaces: the GPU tests check
     # it): one n-tile computed twice, the other left out; the butterflies after another chain length's MMAs
-    "hmma_one_tile": (7, (f"tl_kvs_hmma_chain<{K.HMMA_CHAIN}>((&(y[0])), (&(yw[0])), t)",
-                          f"tl_kvs_hmma_chain<{K.HMMA_CHAIN}>((&(y[0])), (&(yw[0])), 0)")),
-    "hmma_chain_levels": (7, (f"tl_kvs_hmma_chain<{K.HMMA_CHAIN}>(",
-                              f"tl_kvs_hmma_chain<{2 if K.HMMA_CHAIN == 1 else 1}>(")),
+    "hmma_one_tile": (7, (f"tl_kvs_hmma_chain<{HMMA_CHAIN}>((&(y[0])), (&(yw[0])), t)",
+                          f"tl_kvs_hmma_chain<{HMMA_CHAIN}>((&(y[0])), (&(yw[0])), 0)")),
+    "hmma_chain_levels": (7, (f"tl_kvs_hmma_chain<{HMMA_CHAIN}>(",
+                              f"tl_kvs_hmma_chain<{2 if HMMA_CHAIN == 1 else 1}>(")),
     "amax_bf16x2_odd_half": (4, ("a16 & (uint)4294901760", "(uint)0")),  # the odd elements' maximum dropped
     "amax_bf16x2_last_word": (0, ("tl_kvs_bf16x2_maxabs(a16, yw[(((c_5 * 8) + j_8) + 1)])",
                                   "tl_kvs_bf16x2_maxabs(a16, yw[((c_5 * 8) + j_8)])")),
@@ -309,12 +316,50 @@ inline uint tl_kvs_bf16x2_fma_rz(uint a, uint b, uint c) {
 """
 
 
+def check_case(case, Rs, has_norm, bad, configs=CONFIGS, orders=("forward", "reverse")):
+    """Emulates ``case`` under each config and R: (mismatches (cache bytes + out_norm elements), line)."""
+    data = inputs(case, bad)
+    want = oracle(case, has_norm, data, loop=False)
+    line, total = [case.id], 0
+    if not bad:  # the loop reference raises on out-of-range slots: compare it where it applies
+        loopw = oracle(case, has_norm, data, loop=True)
+        d = [ndiff(a, b) for a, b in zip(loopw, want)]
+        total += sum(d)
+        line.append(f"loop~twin {d}")
+    for name in configs:
+        if not applies(name, case):
+            continue
+        for R in Rs:
+            config = config_for(name, case, R)
+            had = hadamard_fn(config, case)
+            want_c = want if had is None else oracle(case, has_norm, data, loop=False, had=had)
+            for order in orders:
+                got = run_emu(config, case, has_norm, data, order=order)
+                d = [ndiff(a, b) for a, b in zip(got, want_c)]
+                total += sum(d)
+                line.append(f"{name} R={R} {order[0]}: {d}")
+    return total, " | ".join(line)
+
+
+def mutation_caught(case_index, edit, name="default"):
+    """Whether the emulated kernel of CASES[case_index] (config ``name``, first R) with source edit ``edit``
+    disagrees with the twin (None: the edit's pattern is not in that kernel's source)."""
+    case, Rs, has_norm, bad = CASES[case_index]
+    data = inputs(case, bad)
+    config = config_for(name, case, Rs[0])
+    if edit[0] not in source(static_args(case, data[0], data[2], data[5], data[6], has_norm, config)):
+        return None
+    want = oracle(case, has_norm, data, loop=False, had=hadamard_fn(config, case))
+    got = run_emu(config, case, has_norm, data, edit=edit)
+    return any(ndiff(a, b) for a, b in zip(got, want))
+
+
 def main():
     args = sys.argv[1:]
-    variants = list(VARIANTS)
-    if "--variant" in args:
-        i = args.index("--variant")
-        variants = [args[i + 1]]
+    configs = list(CONFIGS)
+    if "--config" in args:
+        i = args.index("--config")
+        configs = [args[i + 1]]
         del args[i:i + 2]
     mutate = "--mutate" in args
     missed = 0
@@ -324,50 +369,26 @@ def main():
         if only and not any(o in case.id for o in only):
             continue
         t0 = time.time()
-        data = inputs(case, bad)
-        want = oracle(case, has_norm, data, loop=False)
-        line = [case.id]
-        if not bad:  # the loop reference raises on out-of-range slots: compare it where it applies
-            loopw = oracle(case, has_norm, data, loop=True)
-            d = [ndiff(a, b) for a, b in zip(loopw, want)]
-            bad_total += sum(d)
-            line.append(f"loop~twin {d}")
-        for v in variants:
-            if not applies(v, case):
-                continue
-            for R in Rs:
-                had = hadamard_fn(v, case)
-                want_v = want if had is None else oracle(case, has_norm, data, loop=False, had=had)
-                for order in ("forward", "reverse"):
-                    got = run_emu(v, case, R, has_norm, data, order=order)
-                    d = [ndiff(a, b) for a, b in zip(got, want_v)]
-                    bad_total += sum(d)
-                    line.append(f"{v} R={R} {order[0]}: {d}")
-        print(" | ".join(line), f"{time.time() - t0:.1f}s", flush=True)
+        n, line = check_case(case, Rs, has_norm, bad, configs)
+        bad_total += n
+        print(line, f"{time.time() - t0:.1f}s", flush=True)
     print("MISMATCHES (cache bytes, out_norm elements) total:", bad_total)
     if mutate:
-        case, Rs, has_norm, bad = CASES[0]
-        data = inputs(case, bad)
-        want = oracle(case, has_norm, data, loop=False)
-        for v in variants:
-            if not applies(v, case):
+        for name in configs:
+            if not applies(name, CASES[0][0]):
                 continue
-            for name, edit in MUTATIONS.items():
-                if edit[0] not in source(v, static_args(v, case, *data[:1], data[2], data[5], data[6], has_norm, Rs[0])):
-                    print(f"mutation {v} {name}: pattern not in this variant's source")
+            for mname, edit in MUTATIONS.items():
+                caught = mutation_caught(0, edit, name)
+                if caught is None:
+                    print(f"mutation {name} {mname}: pattern not in this config's source")
                     continue
-                got = run_emu(v, case, Rs[0], has_norm, data, edit=edit)
-                d = [ndiff(a, b) for a, b in zip(got, want)]
-                print(f"mutation {v} {name}: mismatches {d} -> {'caught' if any(d) else 'MISSED'}")
-        for v in [v for v in variants if v == "v3opt"]:  # the options' code
-            for name, (ci, edit) in OPTION_MUTATIONS.items():
-                case, Rs, has_norm, bad = CASES[ci]
-                data = inputs(case, bad)
-                want = oracle(case, has_norm, data, loop=False, had=hadamard_fn(v, case))
-                got = run_emu(v, case, Rs[0], has_norm, data, edit=edit)
-                d = [ndiff(a, b) for a, b in zip(got, want)]
-                missed += not any(d)
-                print(f"mutation {v} {name} ({case.id}): mismatches {d} -> {'caught' if any(d) else 'MISSED'}")
+                missed += not caught
+                print(f"mutation {name} {mname}: {'caught' if caught else 'MISSED'}")
+        if "all" in configs:  # the options' code
+            for mname, (ci, edit) in OPTION_MUTATIONS.items():
+                caught = mutation_caught(ci, edit, "all")
+                missed += not caught
+                print(f"mutation all {mname} ({CASES[ci][0].id}): {'caught' if caught else 'MISSED'}")
     return bad_total + missed
 
 

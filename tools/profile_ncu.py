@@ -19,21 +19,21 @@ import torch
 from metadata.cache_format import BF16_KV_FORMAT, FP4_INDEX_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT
 
 
-def _kv_store(fmt, hadamard, rows=1 << 20, variant=None):
+def _kv_store(fmt, hadamard, rows=1 << 20, config=None):
     from benchmarks.bench_kv_store import _inputs
     from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
 
     kv, w, cos, sin, pos, slots, cache = _inputs(fmt, rows)
     return lambda: norm_rope_hadamard_cast_store(kv, w, 1e-6, cos, sin, pos, slots, cache, fmt,
-                                                 hadamard=hadamard, variant=variant)
+                                                 hadamard=hadamard, config=config)
 
 
-def _compress_store(fmt, variant=None):
+def _compress_store(fmt, config=None):
     from benchmarks.bench_compress_store import _prefill
     from tilelang_ops.compress_store import compress_store_prefill
 
     args, kw, _ = _prefill(256, fmt, norm=False)
-    return lambda: compress_store_prefill(*args, **kw, variant=variant)
+    return lambda: compress_store_prefill(*args, **kw, config=config)
 
 
 def _compress_store_decode(batch, q, variant=None):
@@ -43,7 +43,7 @@ def _compress_store_decode(batch, q, variant=None):
     args, kw, _ = _decode(batch, q, FP8_MAIN_KV_FORMAT)
     if variant == "two_kernel":
         return lambda: two_kernel_decode(*args, **kw)
-    return lambda: compress_store_decode(*args, **kw, variant=variant)
+    return lambda: compress_store_decode(*args, **kw)
 
 
 def _topk(b, n, k, dist="randn"):
@@ -59,9 +59,7 @@ CASES = {
     "kv_store:fp4": lambda: _kv_store(FP4_MAIN_KV_FORMAT, False),
     "kv_store:index": lambda: _kv_store(FP4_INDEX_KV_FORMAT, True),
     "kv_store:bf16": lambda: _kv_store(BF16_KV_FORMAT, False),
-    "kv_store:fp8_v1": lambda: _kv_store(FP8_MAIN_KV_FORMAT, False, variant="v1"),
     "compress_store:fp8": lambda: _compress_store(FP8_MAIN_KV_FORMAT),
-    "compress_store:fp8_v1": lambda: _compress_store(FP8_MAIN_KV_FORMAT, variant="v1"),
     "compress_store:b64q6": lambda: _compress_store_decode(64, 6),
     "compress_store:b64q6_two_kernel": lambda: _compress_store_decode(64, 6, "two_kernel"),
     "compress_store:b4096q6": lambda: _compress_store_decode(4096, 6),

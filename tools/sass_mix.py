@@ -44,12 +44,13 @@ def kernel_args(case: str) -> tuple:
         return tk, name, args
     if op == "kv_store":
         import tilelang_ops.kv_store as K
-        from benchmarks.bench_kv_store import FORMATS
-        from tools.warm_bench_kernels import FACTORIES, _kv_static
+        from benchmarks.bench_kv_store import FORMATS, ROWS_PER_BLOCK
 
         fmt_name, _, rows = spec.partition(":")
         fmt, hadamard = next((f, h) for f, h in FORMATS if f.name == fmt_name)
-        return K, FACTORIES[K.VARIANT], _kv_static(K.VARIANT, fmt, hadamard, int(rows or 1 << 20))
+        config = K.launch_config(fmt, int(rows or 1 << 20))
+        return K, "kv_store_kernel", K.static_args(fmt, 64, True, hadamard, False, ROWS_PER_BLOCK, "bfloat16",
+                                                   "int64", "int64", config)
     raise ValueError(f"unknown case {case!r} (topk:BxN or kv_store:FORMAT[:ROWS])")
 
 

@@ -1,6 +1,7 @@
 """compress_store cases for `python -m tilelang_ops diff` (see tilelang_ops/diff.py).
 
-Comparison rules (SPEC 4): everything bitwise. Kernel (default variant and v1) vs loop reference: ring,
+Comparison rules (SPEC 4): everything bitwise. Kernel (the launch rule's config; prefill also at 16 rows
+per warp, the big launches' shape) vs loop reference: ring,
 whole cache tensor and out_norm (same FP32 operations: the references run on the GPU, where torch's exp
 is the kernels' expf, and the RMS sum of squares has one fixed order; tests/test_compress_store.py).
 Kernel vs our two-kernel pipeline (compress kernel then store kernel): bitwise. Loop reference vs twin
@@ -102,26 +103,28 @@ def self_check(case_id: str):
 
 
 def run_case(case_id: str, device):
-    """Fused kernel (default variant, then v1) vs loop reference and vs the two-kernel pipeline, on CUDA."""
+    """Fused kernel vs loop reference and vs the two-kernel pipeline, on CUDA (prefill at the launch rule's
+    config and at 16 rows per warp)."""
     import functools
 
     from tilelang_ops.compress_store import (
+        CompressStoreConfig,
         compress_store_decode,
         compress_store_prefill,
         two_kernel_decode,
         two_kernel_prefill,
     )
 
-    v1 = lambda f: functools.partial(f, variant="v1")  # noqa: E731
-    fns = ((compress_store_prefill_ref, compress_store_prefill, v1(compress_store_prefill),
-            two_kernel_prefill),
-           (compress_store_decode_ref, compress_store_decode, v1(compress_store_decode), two_kernel_decode))
-    (ref, got, got_v1, pipe), _, _ = _run(fns, case_id, device)
+    rpw16 = functools.partial(compress_store_prefill, config=CompressStoreConfig(rows_per_warp=16))
+    fns = ((compress_store_prefill_ref, compress_store_prefill, two_kernel_prefill, rpw16),
+           (compress_store_decode_ref, compress_store_decode, two_kernel_decode))
+    (ref, got, pipe, *other), _, _ = _run(fns, case_id, device)
     torch.cuda.synchronize()
     names = ("ring", "cache", "out_norm")
     return ([compare_bitwise(w, a, b) for w, a, b in zip(names, got, ref)]
-            + [compare_bitwise(f"{w} v1", a, b) for w, a, b in zip(names, got_v1, ref)]
-            + [compare_bitwise(f"{w} vs two-kernel", a, b) for w, a, b in zip(names, got, pipe)])
+            + [compare_bitwise(f"{w} vs two-kernel", a, b) for w, a, b in zip(names, got, pipe)]
+            + [compare_bitwise(f"{w} rows_per_warp=16", a, b)
+               for o in other for w, a, b in zip(names, o, ref)])
 
 
 def build_check():
@@ -129,17 +132,14 @@ def build_check():
     from tilelang_ops.compress_store import (
         BUILD_SHAPES,
         compress_store_decode_kernel,
-        compress_store_decode_kernel_v3,
         compress_store_prefill_kernel,
-        compress_store_prefill_kernel_v2,
+        prefill_config,
     )
 
     built = []
     for name, r in BUILD_SHAPES:
-        for kind, factory in (("prefill_v2", compress_store_prefill_kernel_v2),
-                              ("decode_v3", compress_store_decode_kernel_v3),
-                              ("prefill_v1", compress_store_prefill_kernel),
-                              ("decode_v1", compress_store_decode_kernel)):
-            compile_for_sm90(factory, name, r, 64, True, True, "bfloat16", "int32", "int32")
-            built.append(f"{kind}_{name}_r{r}")
+        static = (name, r, 64, True, True, "bfloat16", "int32", "int32")
+        compile_for_sm90(compress_store_prefill_kernel, *static, prefill_config(1 << 20))
+        compile_for_sm90(compress_store_decode_kernel, *static)
+        built += [f"prefill_{name}_r{r}", f"decode_{name}_r{r}"]
     return built

@@ -148,36 +148,36 @@ def self_check(case_id: str):
 
 def run_case(case_id: str, device):
     """Kernel vs loop reference on CUDA."""
-    from tilelang_ops.kv_store import VARIANT, norm_rope_hadamard_cast_store, uses_hadamard_mma
+    from tilelang_ops.kv_store import launch_config, norm_rope_hadamard_cast_store, uses_hadamard_mma
 
     (kv, w, eps, cos, sin, pos, slots, cache, fmt), kw, _exact = make_inputs(case_id, device)
     want, want_norm = cache.clone(), kw["out_norm"].clone()
     norm_rope_hadamard_cast_store_ref(kv, w, eps, cos, sin, pos, slots, want, fmt,
                                       **{**kw, "out_norm": want_norm})
-    norm_rope_hadamard_cast_store(kv, w, eps, cos, sin, pos, slots, cache, fmt, **kw)
+    config = launch_config(fmt, kv.shape[0], 64, kw["interleaved"])  # (rope_dim: the default)
+    norm_rope_hadamard_cast_store(kv, w, eps, cos, sin, pos, slots, cache, fmt, **kw, config=config)
     torch.cuda.synchronize()
     # bitwise (module docstring; `exact` cases additionally need no rounding at all), except the
     # tensor-core Hadamard's order
     norm = compare_bitwise("out_norm", kw["out_norm"], want_norm)
-    if uses_hadamard_mma(VARIANT, fmt, kw["hadamard"], 64, kw["interleaved"]):  # (rope_dim: the default)
+    if uses_hadamard_mma(fmt, kw["hadamard"], config):
         return compare_store(cache, want, fmt, slots) + [norm]
     return [compare_bitwise("kv_cache", cache, want), norm]
 
 
 def build_check():
+    """The launch rule's kernel of a large launch for every format and RoPE layout."""
     from tilelang_ops.build import compile_for_sm90
-    from tilelang_ops.kv_store import _FORMATS, KERNELS, rows_per_thread, static_args
+    from tilelang_ops.kv_store import kv_store_kernel, launch_config, static_args
 
     built = []
-    for variant, factory in KERNELS.items():
-        for name, hadamard, rpb in (("fp8_main", False, 1), ("fp4_main", False, 1), ("fp4_index", True, 64),
-                                    ("bf16", False, 1)):
-            fmt = _FORMATS[name]
-            for interleaved in (True, False):
-                # the wrapper's configuration of a large launch (rows per thread, v3's chunks, min CTAs
-                # and cast options)
-                static = (name, 64, interleaved, hadamard, True, rpb, "bfloat16", "int64", "int64",
-                          rows_per_thread(fmt, 1 << 20, variant))
-                compile_for_sm90(factory, *static_args(variant, fmt, static, 64, interleaved))
-                built.append(f"{variant}_{name}_{'il' if interleaved else 'half'}")
+    for name, hadamard, rpb in (("fp8_main", False, 1), ("fp4_main", False, 1), ("fp4_index", True, 64),
+                                ("bf16", False, 1)):
+        fmt = _FMT[name]
+        for interleaved in (True, False):
+            config = launch_config(fmt, 1 << 20, 64, interleaved)
+            static = static_args(fmt, 64, interleaved, hadamard, True, rpb, "bfloat16", "int64", "int64",
+                                 config)
+            compile_for_sm90(kv_store_kernel, *static)
+            built.append(f"{name}_{'il' if interleaved else 'half'}")
     return built

@@ -1,0 +1,128 @@
+"""TileLang kernel: fused RMSNorm -> RoPE -> [Hadamard] -> cast -> paged-cache store (SPEC 1.5, 2).
+
+``norm_rope_hadamard_cast_store`` validates, picks a ``KVStoreConfig`` (``launch_config``, or the caller's
+``config=``) and launches ``kernel.kv_store_kernel``. The per-row pipeline is ``row_store.make_row_store``,
+a ``@T.macro`` that compress_store's kernels call too. Layout, arithmetic and options: those modules'
+docstrings; the launch rule's reasons and measured bounds: docs/design.md, "## kv_store".
+"""
+
+import functools
+
+import torch
+
+from metadata.checks import check_cuda, debug_checks_enabled
+from metadata.kv_store_args import check_store_args, check_store_values
+from tilelang_ops.kv_store.config import (
+    DEFAULT_CONFIGS,
+    FORMATS,
+    MULTI_ROW_MIN_ROWS,
+    OPTION_NAMES,
+    THREADS,
+    VEC,
+    KVStoreConfig,
+    check_config,
+    chunks_fit,
+    hadamard_mma_fits,
+    kernel_supports,
+    launch_config,
+    option_applies,
+    rows_per_cta,
+    uses_hadamard_mma,
+)
+from tilelang_ops.kv_store.kernel import kv_store_kernel
+from tilelang_ops.kv_store.preludes import (
+    AMAX_PRELUDE,
+    BF16X2_PRELUDE,
+    HMMA_PRELUDE,
+    INV_E4M3_PRELUDE,
+    PRED_STORE_PRELUDE,
+    inv_e4m3_prelude,
+    inv_e4m3_table,
+)
+from tilelang_ops.kv_store.row_store import _f32, make_row_store
+
+__all__ = [
+    "AMAX_PRELUDE", "BF16X2_PRELUDE", "DEFAULT_CONFIGS", "FORMATS", "HMMA_PRELUDE", "INV_E4M3_PRELUDE",
+    "MULTI_ROW_MIN_ROWS", "OPTION_NAMES", "PRED_STORE_PRELUDE", "THREADS", "VEC", "KVStoreConfig",
+    "check_config", "chunks_fit", "hadamard_mma_fits", "inv_e4m3_prelude", "inv_e4m3_table",
+    "kernel_supports", "kv_store_kernel", "launch_config", "make_row_store", "norm_rope_hadamard_cast_store",
+    "option_applies", "rows_per_cta", "static_args", "uses_hadamard_mma", "_f32",
+]
+
+_TORCH_TO_TL = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.int32: "int32",
+                torch.int64: "int64"}
+_DUMMY_NORM: dict = {}
+
+
+def _dummy_norm(dim: int, device) -> torch.Tensor:
+    """A [1, dim] bf16 stand-in for an absent out_norm (the kernel never writes it)."""
+    key = (dim, str(device))
+    if key not in _DUMMY_NORM:
+        _DUMMY_NORM[key] = torch.empty(1, dim, dtype=torch.bfloat16, device=device)
+    return _DUMMY_NORM[key]
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(*static):
+    return kv_store_kernel(*static)
+
+
+def static_args(fmt, rope_dim: int, interleaved: bool, hadamard: bool, has_out_norm: bool,
+                rows_per_block: int, weight_dtype: str, pos_dtype: str, slot_dtype: str,
+                config: KVStoreConfig) -> tuple:
+    """``kv_store_kernel``'s static arguments for a call (``rows_per_block`` matters only to block-section
+    formats: the others pass 1)."""
+    return (fmt.name, rope_dim, interleaved, hadamard, has_out_norm,
+            rows_per_block if fmt.block_sections else 1, weight_dtype, pos_dtype, slot_dtype, config)
+
+
+def norm_rope_hadamard_cast_store(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, *,
+                                  rope_dim=64, interleaved=True, hadamard=False, out_norm=None,
+                                  config: KVStoreConfig | None = None) -> None:
+    """Per row i: y = rmsnorm(kv[i]); [out_norm[i] = y]; if slot >= 0: cache[slot] = cast(H(rope(y))).
+
+    Same arguments and results as ``reference.kv_store.norm_rope_hadamard_cast_store_ref``:
+    kv [rows, fmt.dim] bf16 (may be non-contiguous: copied), norm_weight [fmt.dim] bf16/fp32, cos/sin
+    [max_position, rope_dim / 2] fp32, positions/slot_mapping [rows] int32/int64, kv_cache [num_blocks,
+    fmt.block_bytes(rpb)] uint8 (written in place), out_norm optional [rows, fmt.dim] bf16.
+    ``config``: the kernel's tuning (None: ``launch_config(fmt, rows, rope_dim, interleaved)``); every
+    config stores the same bytes, except ``hadamard_mma``'s order (see ``make_row_store``).
+    """
+    geom = check_store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+                            rope_dim=rope_dim, interleaved=interleaved, hadamard=hadamard, out_norm=out_norm)
+    why = kernel_supports(fmt, rope_dim, interleaved)
+    if why is not None or fmt.name not in FORMATS or FORMATS[fmt.name] != fmt:
+        raise ValueError(f"norm_rope_hadamard_cast_store kernel: unsupported configuration for "
+                         f"{fmt.name}: {why or 'not one of the four cache formats'}")
+    if config is not None:
+        if not isinstance(config, KVStoreConfig):
+            raise TypeError(f"norm_rope_hadamard_cast_store: config must be a KVStoreConfig, got "
+                            f"{type(config).__name__}")
+        check_config(fmt, config)
+        if not chunks_fit(fmt, config.chunks, rope_dim, interleaved):
+            raise ValueError(f"norm_rope_hadamard_cast_store: config.chunks={config.chunks} does not lay out "
+                             f"{fmt.name} rows with rope_dim={rope_dim} interleaved={interleaved}")
+    check_cuda(kv=kv, kv_cache=kv_cache)
+    # vector loads/stores assume 16-byte aligned bases (true for any fresh or block-sliced tensor)
+    for name, t in (("kv_cache", kv_cache), ("norm_weight", norm_weight), ("cos", cos), ("sin", sin),
+                    ("out_norm", out_norm)):
+        if t is not None and t.is_contiguous() and t.data_ptr() % 16:
+            raise ValueError(f"{name} must start at a 16-byte aligned address, got {t.data_ptr():#x}")
+    if geom.num_slots >= 1 << 31:  # (a stored slot's address comes from its int32 value)
+        raise ValueError(f"norm_rope_hadamard_cast_store: kv_cache holds {geom.num_slots} slots, the kernel "
+                         f"addresses at most 2^31 - 1")
+    if debug_checks_enabled():
+        check_store_values(positions, slot_mapping, geom)
+    if geom.rows == 0:
+        return
+    if config is None:
+        config = launch_config(fmt, geom.rows, rope_dim, interleaved)
+    static = static_args(fmt, rope_dim, interleaved, hadamard, out_norm is not None, geom.rows_per_block,
+                         _TORCH_TO_TL[norm_weight.dtype], _TORCH_TO_TL[positions.dtype],
+                         _TORCH_TO_TL[slot_mapping.dtype], config)
+    norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, kv.device)
+    kv = kv.contiguous()
+    if kv.data_ptr() % 16:
+        kv = kv.clone()
+    _kernel(*static)(kv, norm_weight.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous(),
+                     slot_mapping.contiguous(), kv_cache.view(-1), norm, float(eps), geom.num_slots)
