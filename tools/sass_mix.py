@@ -32,24 +32,24 @@ H200_SMS, H200_L2 = 132, 60 << 20
 
 
 def kernel_args(case: str) -> tuple:
-    """(module, factory name, static arguments) of a case."""
+    """(factory, static arguments) of a case."""
     op, spec = case.split(":", 1)
     if op == "topk":
         import tilelang_ops.topk as tk
+        from tilelang_ops.topk.launch import topk_config
 
         b, n = (int(v) for v in spec.split("x"))
-        static = ("float32", "int32", "int32", tk._cache_cap(n), False, False, -1, float("-inf"), "topk", 0,
-                  1)
-        name, args = tk._jit_args(*static, "v3", **tk._v3_launch(b, n, H200_SMS, 4, H200_L2))
-        return tk, name, args
+        static = ("float32", "int32", "int32", False, False, -1, float("-inf"), "topk", 0, 1)
+        return tk.kernel_for(static, n, topk_config(b, n, 4, H200_SMS, H200_L2))
     if op == "kv_store":
+        from tools.warm_bench_kernels import FACTORIES, _kv_static
+
         import tilelang_ops.kv_store as K
         from benchmarks.bench_kv_store import FORMATS
-        from tools.warm_bench_kernels import FACTORIES, _kv_static
 
         fmt_name, _, rows = spec.partition(":")
         fmt, hadamard = next((f, h) for f, h in FORMATS if f.name == fmt_name)
-        return K, FACTORIES[K.VARIANT], _kv_static(K.VARIANT, fmt, hadamard, int(rows or 1 << 20))
+        return getattr(K, FACTORIES[K.VARIANT]), _kv_static(K.VARIANT, fmt, hadamard, int(rows or 1 << 20))
     raise ValueError(f"unknown case {case!r} (topk:BxN or kv_store:FORMAT[:ROWS])")
 
 
@@ -67,8 +67,8 @@ def sass_of(case: str, out: str) -> str:
 
     from tilelang_ops.build import compile_for_sm90
 
-    mod, name, args = kernel_args(case)
-    src = compile_for_sm90(getattr(mod, name), *args).get_kernel_source()
+    factory, args = kernel_args(case)
+    src = compile_for_sm90(factory, *args).get_kernel_source()
     stem = os.path.join(out, re.sub(r"[^A-Za-z0-9_]+", "_", case))
     with open(stem + ".cu", "w") as f:
         f.write(src)
