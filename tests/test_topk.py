@@ -10,6 +10,7 @@ arithmetic) -> bitwise too (NaN payloads included, since the kernel copies the s
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -856,3 +857,31 @@ def gpu_compile_jobs(props) -> list[tuple[str, str, tuple]]:
              for bs in (8, 16, 7)]
     jobs += [("tilelang_ops.topk", "restore_kernel", (16,)), ("tilelang_ops.topk", "convert_kernel", (64,))]
     return list(dict.fromkeys(jobs))
+
+
+H200 = SimpleNamespace(multi_processor_count=132, L2_cache_size=60 << 20)
+
+
+def test_gpu_compile_jobs_cover_the_cases():
+    import tilelang_ops.topk as tk
+    from tilelang_ops.topk.launch import topk_config
+
+    jobs = gpu_compile_jobs(H200)
+    assert len(jobs) == len(set(jobs))
+    by_factory = {}
+    for mod, fn, static in jobs:
+        assert mod == "tilelang_ops.topk" and callable(getattr(tk, fn)), (mod, fn)
+        by_factory.setdefault(fn, set()).add(static)
+    # every exact-match case, on the kernel its config (or the H200's launch rule) picks
+    for c in ALL_GPU_CASES:
+        config = c.config or topk_config(c.b, c.n, 4 if c.dtype == "fp32" else 2, 132, 60 << 20)
+        factory, static = tk.kernel_for(_topk_static(c.dtype), c.n, config)
+        assert static in by_factory[f"{config.kernel}_kernel"], c.id
+        assert factory is getattr(tk, f"{config.kernel}_kernel")
+    # all three kernels and every row-kernel knob are exercised
+    assert {"row_kernel", "tile_kernel", "warp_kernel"} <= set(by_factory)
+    row = by_factory["row_kernel"]
+    assert {s[3] for s in row} == {0, 4096, 32768} and {s[-3] for s in row} == {1, 2, 4, 8}
+    assert {s[-2] for s in row} == {256, 512, 1024} and {s[-1] for s in row} == {False, True}
+    # specializations stay bounded: cases share dtype, tier and config (the cold GPU tier compiles these)
+    assert len(jobs) <= 57
