@@ -9,6 +9,7 @@ arithmetic) -> bitwise too (NaN payloads included, since the kernel copies the s
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -395,6 +396,21 @@ def test_wrappers_reject_cpu_tensors_and_bad_args():
                             torch.zeros(2, 2, dtype=torch.int32))
     with pytest.raises(ValueError, match="CUDA"):
         K.topk_to_slots(x, 2, block_size_c=4, block_tables=torch.zeros(2, 2, dtype=torch.int32))
+
+
+def test_cpu_emulator_runs_each_kernel():
+    # tools/check_topk_emu.py: one small case of each kernel (row on 256 threads and on a cluster, tile, warp,
+    # the fused slots path, block max) as generated CUDA on the CPU emulator, bitwise against the twin
+    if shutil.which("g++") is None:
+        pytest.skip("the emulator compiles the kernels' C++ with g++")
+    from tools import check_topk_emu as emu
+
+    kernels = {emu.config_of(c).kernel for c in emu.SMOKE}
+    assert kernels == {"row", "tile", "warp"} and any(c.config.split > 1 for c in emu.SMOKE)
+    results = emu.smoke(seed=1)
+    assert len(results) == 2 * len(emu.SMOKE) + 3
+    failed = [c.message() for c in results if not c.passed]
+    assert not failed, failed
 
 
 @pytest.mark.build
