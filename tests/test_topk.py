@@ -638,7 +638,7 @@ def test_split_choice():
     assert MAX_SPLIT == 8
     # at most half the SMs: 8 CTAs per row up to 8 rows, 4 up to 16, 2 up to 33
     assert [split_rows(b, 65536, 132) for b in (1, 8, 9, 16, 17, 33, 34)] == [8, 8, 4, 4, 2, 2, 1]
-    assert split_rows(64, 32768, 132) == 1  # the decode shape: measured slower split
+    assert split_rows(64, 32768, 132) == 1  # the decode shape: rows already fill half the SMs
     assert split_rows(128, 131072, 132) == 1  # the rows already fill the device
     assert split_rows(1, CAND, 132) == 1  # one tile: never sampled, never split
     assert split_rows(1, SMALL_CACHE, 132) == 1

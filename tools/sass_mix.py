@@ -12,7 +12,7 @@ Needs a cuobjdump: $CUOBJDUMP, one on PATH, or the one Triton's wheel carries (n
 
     PYTHONPATH=. python tools/sass_mix.py topk:64x8192 topk:128x131072 kv_store:fp4_index [--out DIR]
 
-Cases: topk:BxN (FP32 scores, topk(x, k, return_value=False), the launch v3 picks for B rows of N on the
+Cases: topk:BxN (FP32 scores, topk(x, k, return_value=False), the launch rule's config for B rows of N on the
 H200: 132 SMs, a 60 MiB L2), kv_store:FORMAT[:ROWS] (the benchmark's launch, default 1M rows).
 """
 

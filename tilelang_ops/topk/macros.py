@@ -70,7 +70,7 @@ def _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fi
 def _key(bits):
     """Order-preserving uint32 key of fp32 bits (-0.0 -> +0.0, every NaN -> 0xFFFFFFFF): flip all bits of a
     negative, the sign bit of a positive (xor with the sign-extended sign | MSB). Branch-free without
-    selects (nvcc turned the selects of the two special cases into a branch around every key): -0.0's bits
+    selects (nvcc turns selects of the two special cases into a branch around every key): -0.0's bits
     are cleared by the sign-extended borrow of mag - 1, and NaN ORs in the sign-extended borrow of
     0x7F800000 - mag (mag <= 0x7FFFFFFF: both differences fit an int32)."""
     mag = bits & T.uint32(0x7FFFFFFF)
