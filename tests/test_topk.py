@@ -377,25 +377,31 @@ def test_error_leaves_index_untouched():
 # CPU tier: the kernel wrappers reject bad input before launching, and every kernel builds for sm_90a
 
 def test_wrappers_reject_cpu_tensors_and_bad_args():
-    from tilelang_ops import topk as K
+    from tilelang_ops.topk import (
+        block_max_scores,
+        convert_kv_index_,
+        restore_candidate_indices_,
+        topk,
+        topk_to_slots,
+    )
 
     x = torch.randn(2, 8)
     with pytest.raises(ValueError, match="CUDA"):
-        K.topk(x, 2)
+        topk(x, 2)
     with pytest.raises(TypeError):
-        K.topk(x.double(), 2)
+        topk(x.double(), 2)
     with pytest.raises(ValueError):
-        K.topk(x, 0)
+        topk(x, 0)
     with pytest.raises(ValueError, match="CUDA"):
-        K.block_max_scores(x, 4)
+        block_max_scores(x, 4)
     with pytest.raises(ValueError, match="CUDA"):
-        K.restore_candidate_indices_(torch.zeros(2, 3, dtype=torch.int32),
+        restore_candidate_indices_(torch.zeros(2, 3, dtype=torch.int32),
                                      torch.zeros(2, 1, dtype=torch.int32), 4)
     with pytest.raises(ValueError, match="CUDA"):
-        K.convert_kv_index_(torch.zeros(2, 1, 3, dtype=torch.int32), 4, torch.zeros(2, 1, dtype=torch.int32),
+        convert_kv_index_(torch.zeros(2, 1, 3, dtype=torch.int32), 4, torch.zeros(2, 1, dtype=torch.int32),
                             torch.zeros(2, 2, dtype=torch.int32))
     with pytest.raises(ValueError, match="CUDA"):
-        K.topk_to_slots(x, 2, block_size_c=4, block_tables=torch.zeros(2, 2, dtype=torch.int32))
+        topk_to_slots(x, 2, block_size_c=4, block_tables=torch.zeros(2, 2, dtype=torch.int32))
 
 
 def test_cpu_emulator_runs_each_kernel():
@@ -687,17 +693,16 @@ def test_launch_rule():
 
 
 def test_kernel_for():
-    import tilelang_ops.topk as tk
+    from tilelang_ops.topk import kernel_for, row_kernel, tile_kernel, warp_kernel
 
     static = ("float32", "int32", "int32", False, False, -1, float("-inf"), "topk", 0, 1)
     row = static[:3] + (0,) + static[3:]
-    assert tk.kernel_for(static, 65536, TopkConfig()) == (tk.row_kernel, row + (1, 1024, False))
-    assert tk.kernel_for(static, 65536, TopkConfig(split=2)) == (tk.row_kernel, row + (2, 1024, False))
-    assert tk.kernel_for(static, 65536, TopkConfig(stream=True)) == (tk.row_kernel, row + (1, 1024, True))
-    assert tk.kernel_for(static, 4096, TopkConfig(threads=256))[1][3] == 4096  # the short tier
-    assert tk.kernel_for(static, 100, TopkConfig("warp")) == (tk.warp_kernel, static + (4,))
-    assert tk.kernel_for(static, 4096, TopkConfig("tile", 256, unroll=16)) == (tk.tile_kernel,
-                                                                                static + (256, 16))
+    assert kernel_for(static, 65536, TopkConfig()) == (row_kernel, row + (1, 1024, False))
+    assert kernel_for(static, 65536, TopkConfig(split=2)) == (row_kernel, row + (2, 1024, False))
+    assert kernel_for(static, 65536, TopkConfig(stream=True)) == (row_kernel, row + (1, 1024, True))
+    assert kernel_for(static, 4096, TopkConfig(threads=256))[1][3] == 4096  # the short tier
+    assert kernel_for(static, 100, TopkConfig("warp")) == (warp_kernel, static + (4,))
+    assert kernel_for(static, 4096, TopkConfig("tile", 256, unroll=16)) == (tile_kernel, static + (256, 16))
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -712,13 +717,13 @@ def test_config_rejects_bad_knobs(kw, match):
 
 
 def test_tile_config_rejects_long_rows():
-    import tilelang_ops.topk as tk
+    from tilelang_ops.topk import kernel_for
 
     static = ("float32", "int32", "int32", True, False, -1, float("-inf"), "topk", 0, 1)
     with pytest.raises(ValueError, match="n=8193"):
-        tk.kernel_for(static, 8193, TopkConfig("tile"))
+        kernel_for(static, 8193, TopkConfig("tile"))
     with pytest.raises(ValueError, match="n=2049"):
-        tk.kernel_for(static, 2049, TopkConfig("tile", 256))
+        kernel_for(static, 2049, TopkConfig("tile", 256))
 
 
 @requires_cuda
@@ -879,7 +884,10 @@ H200 = SimpleNamespace(multi_processor_count=132, L2_cache_size=60 << 20)
 
 
 def test_gpu_compile_jobs_cover_the_cases():
-    import tilelang_ops.topk as tk
+    import importlib
+
+    # the module object (tilelang_ops.topk as an attribute of the package may be the function)
+    tk = importlib.import_module("tilelang_ops.topk")
     from tilelang_ops.topk.launch import topk_config
 
     jobs = gpu_compile_jobs(H200)

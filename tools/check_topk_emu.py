@@ -23,7 +23,6 @@ from dataclasses import replace
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
-import tilelang_ops.topk as tk  # noqa: E402
 from reference.topk import block_max_scores_ref, topk_torch  # noqa: E402
 from tilelang_ops.testing import compare_bitwise  # noqa: E402
 from tilelang_ops.testing.topk import (  # noqa: E402
@@ -34,6 +33,7 @@ from tilelang_ops.testing.topk import (  # noqa: E402
     poison_beyond_end,
     with_nan_payloads,
 )
+from tilelang_ops.topk import _sort_by_value, kernel_for  # noqa: E402
 from tilelang_ops.topk._host import TORCH_TO_TL, flat_scores  # noqa: E402
 from tilelang_ops.topk.elementwise import block_max_kernel  # noqa: E402
 from tilelang_ops.topk.launch import TopkConfig, topk_config  # noqa: E402
@@ -97,8 +97,8 @@ _KERNELS = {}
 
 
 def topk_emu_kernel(static: tuple, n: int, config: TopkConfig, seed: int = 0) -> EmuKernel:
-    """The emulated top-k kernel of `config` for rows of n entries (static: as for tk.kernel_for)."""
-    factory, args = tk.kernel_for(static, n, config)
+    """The emulated top-k kernel of `config` for rows of n entries (static: as for kernel_for)."""
+    factory, args = kernel_for(static, n, config)
     key = (config.kernel, args)
     if key not in _KERNELS:
         kern = EmuKernel(_emu_source(lower_source(factory, args)), f"topk_{config.kernel}", ORDER, SHAPES)
@@ -122,7 +122,7 @@ def _zeros(dtype, shape=(1,)):
 def emu_topk(x, k, *, end=None, sorted=False, indices_type=torch.int32, idx_oob_fill_value=-1,
              value_oob_fill_value=float("-inf"), output_idx_offset=None, return_value=True, config, seed=0,
              sorted_index=False):
-    """tk.topk on the emulator (CPU tensors): the wrapper's launch with `config`."""
+    """tilelang_ops.topk.topk on the emulator (CPU tensors): the wrapper's launch with `config`."""
     b, n = x.shape
     need_values = return_value or sorted
     values = torch.empty((b, k), dtype=x.dtype) if need_values else None
@@ -137,13 +137,13 @@ def emu_topk(x, k, *, end=None, sorted=False, indices_type=torch.int32, idx_oob_
         _zeros(torch.int32, (b, 1)), _zeros(torch.int32, (b, 1)),
         values if need_values else _zeros(x.dtype, (1, 1)), indices, n, ld, int(end is not None))
     if sorted:
-        values, indices = tk._sort_by_value(values, indices, end, n, k)
+        values, indices = _sort_by_value(values, indices, end, n, k)
     return (values if return_value else None), indices
 
 
 def emu_topk_to_slots(x, k, *, end=None, candidate_blocks=None, candidate_block_size=None, block_size_c,
                       block_tables, config, seed=0):
-    """tk.topk_to_slots on the emulator (CPU tensors): the wrapper's launch with `config`."""
+    """tilelang_ops.topk.topk_to_slots on the emulator (CPU tensors): the wrapper's launch with `config`."""
     b, n = x.shape
     slots = torch.empty((b, k), dtype=torch.int32)
     static = (TORCH_TO_TL[x.dtype], "int32", "int32", False, False, -1, float("-inf"), "slots",
@@ -160,7 +160,7 @@ _BMAX = {}
 
 
 def emu_block_max(x, block_size, end=None):
-    """tk.block_max_scores on the emulator (CPU tensors)."""
+    """tilelang_ops.topk.block_max_scores on the emulator (CPU tensors)."""
     key = (block_size, TORCH_TO_TL[x.dtype])
     if key not in _BMAX:
         src = lower_source(block_max_kernel, key)

@@ -35,12 +35,12 @@ def kernel_args(case: str) -> tuple:
     """(factory, static arguments) of a case."""
     op, spec = case.split(":", 1)
     if op == "topk":
-        import tilelang_ops.topk as tk
+        from tilelang_ops.topk import kernel_for
         from tilelang_ops.topk.launch import topk_config
 
         b, n = (int(v) for v in spec.split("x"))
         static = ("float32", "int32", "int32", False, False, -1, float("-inf"), "topk", 0, 1)
-        return tk.kernel_for(static, n, topk_config(b, n, 4, H200_SMS, H200_L2))
+        return kernel_for(static, n, topk_config(b, n, 4, H200_SMS, H200_L2))
     if op == "kv_store":
         from tools.warm_bench_kernels import FACTORIES, _kv_static
 
