@@ -13,6 +13,8 @@ NAN, INF = float("nan"), float("inf")
 
 
 def make_scores(dist: str, b: int, n: int, dtype=torch.float32, device="cpu", seed=0) -> torch.Tensor:
+    """[b, n] scores (fp32 or bf16) of distribution `dist`, seeded: the SPEC 4 distributions (DISTS) and
+    the adversarial ones of the row kernel's sample, candidate list and direct rank."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     if dist == "randn":
         x = torch.randn(b, n, generator=g)
@@ -114,6 +116,8 @@ def with_nan_payloads(x: torch.Tensor, step: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class TwinCase:
+    """A CPU case: the vectorized twin against the loop reference."""
+
     dist: str
     b: int
     n: int
@@ -128,6 +132,7 @@ class TwinCase:
 
 
 def make_end(kind: str, b: int, n: int, k: int, device="cpu", seed=1) -> torch.Tensor | None:
+    """[b] int32 row ends of `kind` (None for "full"), seeded; "random" keeps row 0 full."""
     g = torch.Generator().manual_seed(seed)
     if kind == "full":
         return None
@@ -145,6 +150,9 @@ def make_end(kind: str, b: int, n: int, k: int, device="cpu", seed=1) -> torch.T
 
 @dataclass(frozen=True)
 class GpuCase:
+    """A kernel case (GPU tier, CPU emulator): b rows of n scores, top-k, with row ends and an output
+    order; `config` picks the launch (None: the launch rule's)."""
+
     dist: str
     b: int
     n: int
@@ -170,4 +178,5 @@ def config_label(config: TopkConfig) -> str:
 
 
 def with_config(cases, config) -> list[GpuCase]:
+    """The cases, each on `config`."""
     return [replace(c, config=config) for c in cases]
