@@ -10,7 +10,6 @@ arithmetic) -> bitwise too (NaN payloads included, since the kernel copies the s
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -28,10 +27,10 @@ from reference.topk import (
 from tests.conftest import case_id, requires_cuda
 from tilelang_ops.testing import compare_bitwise
 from tilelang_ops.testing.topk import (
+    ALL_GPU_CASES,
     DISTS,
     INF,
     NAN,
-    GpuCase,
     TwinCase,
     as_pairs_by_index,
     block_max_by_amax,
@@ -40,10 +39,9 @@ from tilelang_ops.testing.topk import (
     make_end,
     make_scores,
     poison_beyond_end,
-    with_config,
     with_nan_payloads,
 )
-from tilelang_ops.topk.launch import TopkConfig, cache_tier, tile_unroll
+from tilelang_ops.topk.launch import TopkConfig, tile_unroll
 
 # ----------------------------------------------------------------------------------------------------
 # CPU tier: the loop reference on hand-made rows
@@ -458,140 +456,6 @@ def _check_gpu_case(case, fn_kernel, tag=""):
     return x, end, v, i
 
 
-# The launch rule's own choice: every tier and kernel it reaches on the H200, the adversarial
-# distributions of SPEC 4 on each.
-GPU_CASES = (
-    [GpuCase(d, 7, 2048, 512, "random", loop_ref=True) for d in DISTS]
-    + [GpuCase(d, 64, 32768, 2048) for d in DISTS]
-    + [GpuCase(d, 2, 65536, 2048, "random") for d in DISTS]
-    + [GpuCase(d, 16, 131072, 2048) for d in ("randn", "conc", "few", "equal")]
-    + [
-        GpuCase("randn", 1, 1, 1, loop_ref=True),
-        GpuCase("randn", 7, 1, 4, loop_ref=True),
-        GpuCase("special", 7, 100, 16, "random", "bf16", "sorted", loop_ref=True),
-        GpuCase("few", 4096, 100, 8, "random", mode="sorted_index"),
-        GpuCase("randn", 4096, 2048, 64, "random"),
-        GpuCase("conc", 128, 8192, 512, "random", "bf16"),
-        GpuCase("randn", 64, 8192, 512, mode="sorted"),
-        GpuCase("tiny", 128, 8192, 4096, "random", mode="sorted"),
-        GpuCase("randn", 128, 131072, 2048, mode="sorted"),
-        GpuCase("conc", 1, 1 << 20, 2048),
-        GpuCase("few", 1, 1 << 20, 4096, "random", "bf16"),
-        GpuCase("randn", 7, 1 << 20, 2048, "short"),
-        GpuCase("randn", 4, 1 << 20, 100, "zero"),
-        GpuCase("special", 64, 65536, 1, "random"),
-        GpuCase("equal", 7, 4096, 4096, "random", mode="sorted"),
-        # long rows: sampled threshold estimate holds (randn, conc) or fails (sorted rows, heavy ties)
-        GpuCase("sorted", 4, 131072, 2048),
-        GpuCase("ascending", 4, 131072, 4096, mode="sorted"),
-        GpuCase("tiny", 3, 1 << 20, 4096, "random"),
-        GpuCase("special", 3, 200000, 3000, "random", "bf16"),
-        GpuCase("randn", 5, 40000, 4096, "random", mode="sorted_index"),
-        # 1M entries, k = 2048: the sample's bound is refined inside its histogram bin
-        # (row_blocks.ROW_SAMPLE_PAD), on one CTA per row and on a cluster per row (the same bound in every
-        # CTA)
-        GpuCase("randn", 64, 1 << 20, 2048),
-        GpuCase("randn", 2, 1 << 20, 2048),
-        # the k-th largest far above the sample (k < 400 outliers) or among the ordinary scores (k > 400)
-        GpuCase("outliers", 4, 131072, 300),
-        GpuCase("outliers", 4, 131072, 2048),
-        GpuCase("outliers", 8, 32768, 300, mode="sorted"),
-        GpuCase("outliers", 2, 65536, 100, "random"),
-        GpuCase("special", 16, 30000, 3000, "random", "bf16"),
-        GpuCase("randn", 16, 20000, 4096, "random", mode="sorted"),
-        GpuCase("special", 2, 65536, 2048, "random"),
-        GpuCase("equal", 4, 131072, 2048),  # candidate list never fits: the passes read the row
-        GpuCase("conc", 4, 131072, 2048, "random"),
-        # against the sampled estimate (too high -> radix passes over the row; too low -> more candidates
-        # than slots) and 50-way ties in the sampled bin (candidates overflow with min < max)
-        GpuCase("sampled", 8, 65536, 2048),
-        GpuCase("unsampled", 8, 65536, 2048, "random"),
-        GpuCase("unsampled", 16, 32768, 2048),
-        GpuCase("ties50", 8, 131072, 2048),
-        GpuCase("ties50", 64, 20000, 512, "random", mode="sorted_index"),
-        GpuCase("unsampled", 2, 1 << 18, 4096, "random", "bf16"),
-        GpuCase("equal", 8, 50000, 1),
-        # one-tile rows (keys in registers): NaN / inf / signed zeros in bf16, many tie groups, k near e
-        GpuCase("special", 16, 8192, 1000, "random", "bf16"),
-        GpuCase("ties50", 16, 8192, 300, "random", mode="sorted_index"),
-        GpuCase("ascending", 8, 8192, 4095, "random", mode="sorted"),
-        # a threshold bin of <= 256 keys is ranked directly (ROW_RES): ties of two inside it
-        GpuCase("pairs", 16, 8192, 512, "random"),
-        GpuCase("pairs", 8, 32768, 2048),
-        GpuCase("pairs", 4, 131072, 2048, "random", "bf16"),
-    ]
-)
-
-# The row kernel splits a sampled row (more entries than the candidate capacity) over a cluster of 2, 4 or
-# 8 CTAs: shares of 1 to 64 tiles, CTAs with no tile (3 tiles over 4 CTAs), lists that overflow the lead
-# (equal, ties50), bounds that fail (sampled, unsampled), every output option; unsplit with streaming
-# reads (the evict-first loads of the compaction, see ptx.STREAM_PRELUDE) on the uncached rows.
-SPLIT_CASES = [
-    GpuCase("randn", 7, 65536, 2048, "random"),
-    GpuCase("randn", 33, 9000, 512, "random"),  # 2 tiles
-    GpuCase("randn", 16, 20000, 4096, "random", mode="sorted"),  # 3 tiles
-    GpuCase("pairs", 8, 32768, 2048),
-    GpuCase("unsampled", 16, 32768, 2048),
-    GpuCase("sampled", 8, 65536, 2048),
-    GpuCase("unsampled", 8, 65536, 2048, "random"),
-    GpuCase("ascending", 4, 40000, 4096, mode="sorted"),
-    GpuCase("sorted", 4, 131072, 2048),
-    GpuCase("equal", 4, 131072, 2048),
-    GpuCase("ties50", 8, 131072, 2048),
-    GpuCase("conc", 4, 131072, 2048, "random"),
-    GpuCase("special", 3, 200000, 3000, "random", "bf16"),
-    GpuCase("few", 1, 1 << 20, 4096, "random", "bf16", "sorted_index"),
-]
-SPLIT_RUNS = [c for s in (2, 4, 8) for c in with_config(SPLIT_CASES, TopkConfig(split=s))] + [
-    c for c in with_config(SPLIT_CASES, TopkConfig(stream=True)) if cache_tier(c.n) == 0]
-
-# The row kernel with fewer threads per CTA and the warp kernel, on every case (one-tile rows, rows of a few
-# tiles with a sample in the 32768 tier, an uncached row, ties, bounds that fail, every output option).
-THREADS_CASES = [
-    GpuCase("randn", 300, 2048, 512, "random"),
-    GpuCase("special", 64, 4096, 1000, "random", "bf16"),
-    GpuCase("few", 64, 8192, 512, "random"),
-    GpuCase("equal", 64, 2048, 64, "random", mode="sorted"),
-    GpuCase("randn", 64, 32768, 2048, "random"),
-    GpuCase("conc", 64, 20000, 2048),
-    GpuCase("ties50", 64, 8192, 300, "random", mode="sorted_index"),
-    GpuCase("tiny", 64, 4096, 4096, "random"),
-    GpuCase("randn", 300, 100, 8, "random"),
-    GpuCase("unsampled", 16, 32768, 2048),
-    GpuCase("randn", 4, 65536, 2048, "random"),
-    GpuCase("ascending", 8, 8192, 4095, "random", mode="sorted"),
-]
-THREADS_RUNS = [c for cfg in (TopkConfig("warp"), TopkConfig(threads=256), TopkConfig(threads=512))
-                for c in with_config(THREADS_CASES, cfg)]
-
-# Rows of one tile: the tile kernel on 1024 threads (end <= 8192) and on 256 threads (end <= 4096, 8 or 16
-# keys a thread), and the row kernel's own one-tile path (keys in registers).
-TILE_CASES = [
-    GpuCase("randn", 64, 8192, 512),
-    GpuCase("randn", 7, 2048, 512, "random"),
-    GpuCase("conc", 64, 8192, 512, "random", "bf16"),
-    GpuCase("tiny", 16, 8192, 4096, "random", mode="sorted"),
-    GpuCase("few", 64, 8192, 512, "random"),
-    GpuCase("equal", 8, 8192, 512, "random", mode="sorted"),
-    GpuCase("special", 16, 8192, 1000, "random", "bf16"),
-    GpuCase("ties50", 16, 8192, 300, "random", mode="sorted_index"),
-    GpuCase("pairs", 16, 8192, 512, "random"),
-    GpuCase("ascending", 8, 8192, 4095, "random", mode="sorted"),
-    GpuCase("sorted", 8, 5000, 1, "random"),
-    GpuCase("randn", 16, 100, 8, "random", "bf16", "sorted"),
-    GpuCase("outliers", 8, 8192, 2048),
-    GpuCase("few", 300, 4096, 512, "random"),
-    GpuCase("conc", 64, 4096, 1000, "random", "bf16"),
-    GpuCase("ties50", 64, 3000, 300, "random", mode="sorted_index"),
-    GpuCase("equal", 64, 2048, 64, "random", mode="sorted"),
-    GpuCase("special", 32, 2100, 2000, "random", "bf16", "sorted"),
-]
-TILE_RUNS = [replace(c, config=cfg) for c in TILE_CASES for cfg in (
-    TopkConfig("tile", 1024, unroll=tile_unroll(c.n, 1024) or 8),
-    TopkConfig("tile", 256, unroll=tile_unroll(c.n, 256) or 8),
-    TopkConfig("row")) if cfg.kernel != "tile" or cfg.threads * cfg.unroll >= c.n]
-
-ALL_GPU_CASES = GPU_CASES + SPLIT_RUNS + THREADS_RUNS + TILE_RUNS
 
 
 @requires_cuda
@@ -653,7 +517,7 @@ def test_split_choice():
 
 
 def test_launch_rule():
-    from tilelang_ops.topk.launch import WARP_ROW_MAX, tile_unroll, topk_config
+    from tilelang_ops.topk.launch import WARP_ROW_MAX, topk_config
 
     C = TopkConfig
     # a warp per row for at least n / 104 rows of <= WARP_ROW_MAX entries per SM; else 256-thread CTAs for
