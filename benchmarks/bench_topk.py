@@ -1,8 +1,9 @@
 """topk benchmarks: the TileLang radix select vs torch.topk (the peer, also reported as eager).
 
-`us` is the default kernel variant (tilelang_ops.topk.TOPK_VARIANT); every other variant (the
-GPU-verified fallback "v1") is timed on the same input and reported as a peer under its name (x_v1 > 1:
-the default is faster).
+`us` is the default configuration (`tilelang_ops.topk.launch.topk_config`); where the launch rule splits
+rows over a cluster or picks a smaller CTA, the alternatives are timed on the same input and reported as
+peers (split1 / split4, threads32 (a warp per row) / threads256 / threads1024; x_peer > 1: the default is
+faster).
 
 Bytes = b * n * bytes per score (one read of the scores; the k outputs are negligible). Each shape runs
 for randn and for the adversarial distributions (case suffix), since a radix select's speed depends on
@@ -11,13 +12,12 @@ how the keys spread over the digits.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-import tilelang_ops.topk as topk_mod
 from benchmarks.harness import time_us
-from tilelang_ops.topk import topk, topk_to_slots
+from tilelang_ops.testing.topk import make_scores
+from tilelang_ops.topk import TopkConfig, topk, topk_to_slots
+from tilelang_ops.topk.launch import MAX_SPLIT, default_config, tile_unroll
 
 OP = "topk"
 # the issue's four shapes, then many short rows (a prefill's queries against a short context)
@@ -25,73 +25,38 @@ SHAPES = [(128, 131072, 2048), (64, 32768, 2048), (1, 65536, 2048), (64, 8192, 5
           (4096, 1000, 512)]
 DISTS = {"": "randn", "_conc": "conc", "_tiny": "tiny", "_equal": "equal", "_few": "few",
          "_sorted": "sorted"}
-PEER_VARIANTS = topk_mod.VARIANTS  # timed next to the default, all but the default itself
 
 
 def _scores(dist, b, n):
-    from tests.test_topk import make_scores
-
     return make_scores(dist, b, n, device="cuda")
 
 
-@contextlib.contextmanager
-def _variant(name):
-    saved = topk_mod.TOPK_VARIANT
-    topk_mod.TOPK_VARIANT = name
-    try:
-        yield
-    finally:
-        topk_mod.TOPK_VARIANT = saved
-
-
-@contextlib.contextmanager
-def forced_threads(threads):
-    """v3 launches `threads` per CTA on every row it does not split (instead of _v3_threads's choice; 32:
-    one warp per row)."""
-    saved = topk_mod._v3_threads
-    topk_mod._v3_threads = lambda b, n, cache_cap, sms: threads
-    try:
-        yield
-    finally:
-        topk_mod._v3_threads = saved
-
-
-def split_times(fn, b, n, splits, flush) -> dict:
-    """Times of fn with tilelang_ops.topk.MAX_SPLIT set to each of `splits`, for those where the wrapper
-    then launches exactly that many CTAs per row on b rows of n entries (keys "split<S>")."""
+def alternatives(b: int, n: int) -> dict[str, TopkConfig]:
+    """The configs timed next to the default for b rows of n FP32 entries (keys: peer names): one CTA a
+    row and half the largest split where the rule splits; the warp kernel and the 256- and 1024-thread CTAs
+    (tile kernel where the row fits one tile) where it picks fewer threads than the full CTA."""
+    config = default_config(b, n, 4, torch.device("cuda"))
     out = {}
-    saved = topk_mod.MAX_SPLIT
-    try:
-        for split in splits:
-            topk_mod.MAX_SPLIT = split
-            if topk_mod._launch(b, n, torch.device("cuda"))["split"] == split:
-                out[f"split{split}"] = time_us(fn, flush_bytes=flush)
-    finally:
-        topk_mod.MAX_SPLIT = saved
+    if config.split > 1:
+        out["split1"] = TopkConfig()
+        if config.split != MAX_SPLIT // 2:
+            out[f"split{MAX_SPLIT // 2}"] = TopkConfig(split=MAX_SPLIT // 2)
+    if config.kernel == "warp" or config.threads != 1024:
+        for threads in (32, 256, 1024):
+            if threads == 32:
+                alt = TopkConfig("warp")
+            elif tile_unroll(n, threads):
+                alt = TopkConfig("tile", threads, unroll=tile_unroll(n, threads))
+            else:
+                alt = TopkConfig("row", threads)
+            if alt != config:
+                out[f"threads{threads}"] = alt
     return out
 
 
 def _peers(fn, flush, b, n) -> dict:
-    """Times of fn under each peer variant that is not the default (keys: the variant names); where v3
-    splits these rows over a cluster, v3 on one CTA per row ("split1") and on half the default's largest
-    split ("split4" with MAX_SPLIT = 8); where v3 launches fewer threads per CTA than the full CTA,
-    v3 on the other two of one warp per row, 256-thread and 1024-thread CTAs ("threads32", "threads256",
-    "threads1024")."""
-    out = {}
-    for name in PEER_VARIANTS:
-        if name != topk_mod.TOPK_VARIANT:
-            with _variant(name):
-                out[name] = time_us(fn, flush_bytes=flush)
-    launch = topk_mod._launch(b, n, torch.device("cuda"))
-    if launch["split"] > 1:
-        out.update(split_times(fn, b, n, (1, topk_mod.MAX_SPLIT // 2), flush))
-    if launch["threads"] != topk_mod.THREADS:
-        for threads in (32, topk_mod.SHORT_ROW_THREADS, topk_mod.THREADS):
-            if threads == launch["threads"]:
-                continue
-            with forced_threads(threads):
-                out[f"threads{threads}"] = time_us(fn, flush_bytes=flush)
-    return out
+    """Times of fn(config) for each of `alternatives(b, n)`."""
+    return {name: time_us(lambda c=c: fn(c), flush_bytes=flush) for name, c in alternatives(b, n).items()}
 
 
 def run(h) -> None:
@@ -101,7 +66,7 @@ def run(h) -> None:
             case = f"b{b}n{n}k{k}{suffix}"
             flush = 256 << 20  # scores are re-read from HBM each launch, not from L2
             us = time_us(lambda x=x, k=k: topk(x, k, return_value=False), flush_bytes=flush)
-            peers = _peers(lambda x=x, k=k: topk(x, k, return_value=False), flush, b, n)
+            peers = _peers(lambda c, x=x, k=k: topk(x, k, return_value=False, config=c), flush, b, n)
             torch_us = time_us(lambda x=x, k=k: torch.topk(x, k, dim=1, sorted=False), flush_bytes=flush)
             h.report(OP, case, b * n * x.element_size(), us, eager_us=torch_us,
                      peers={**peers, "torch_topk": torch_us})
@@ -110,7 +75,7 @@ def run(h) -> None:
     x = _scores("randn", b, n)
     table = torch.randint(0, 100000, (b, n // 64 + 1), dtype=torch.int32, device="cuda")
     end = torch.full((b,), n, dtype=torch.int32, device="cuda")
-    slots = lambda: topk_to_slots(x, k, end=end, block_size_c=64, block_tables=table)  # noqa: E731
+    slots = lambda c=None: topk_to_slots(x, k, end=end, block_size_c=64, block_tables=table, config=c)  # noqa: E731
     us = time_us(slots, flush_bytes=256 << 20)
     peers = _peers(slots, 256 << 20, b, n)
     torch_us = time_us(lambda: torch.topk(x, k, dim=1, sorted=False), flush_bytes=256 << 20)

@@ -9,7 +9,8 @@ arithmetic) -> bitwise too (NaN payloads included, since the kernel copies the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,100 +26,22 @@ from reference.topk import (
 )
 from tests.conftest import case_id, requires_cuda
 from tilelang_ops.testing import compare_bitwise
-
-NAN, INF = float("nan"), float("inf")
-
-
-# ----------------------------------------------------------------------------------------------------
-# score generators (the adversarial distributions of SPEC 4)
-
-def make_scores(dist: str, b: int, n: int, dtype=torch.float32, device="cpu", seed=0) -> torch.Tensor:
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    if dist == "randn":
-        x = torch.randn(b, n, generator=g)
-    elif dist == "conc":  # concentrated: every score in one narrow band near 100
-        x = torch.randn(b, n, generator=g) * 1e-3 + 100
-    elif dist == "tiny":
-        x = torch.randn(b, n, generator=g) * 1e-8
-    elif dist == "equal":
-        x = torch.full((b, n), 0.5)
-    elif dist == "few":  # a handful of distinct values -> huge tie groups
-        x = torch.randint(-2, 3, (b, n), generator=g).float()
-    elif dist == "sorted":
-        x = torch.sort(torch.randn(b, n, generator=g), dim=1, descending=True).values
-    elif dist == "ascending":
-        x = torch.sort(torch.randn(b, n, generator=g), dim=1).values
-    elif dist == "ties50":  # 50 distinct values: a sampled threshold bin holds several large tie groups
-        x = torch.randint(0, 50, (b, n), generator=g).float()
-    elif dist == "pairs":  # every value twice, at random places: small threshold bins hold ties of two
-        v = torch.randn(b, (n + 1) // 2, generator=g)
-        x = torch.cat([v, v], dim=1)[:, :n]
-        x = torch.gather(x, 1, torch.argsort(torch.rand(b, n, generator=g), dim=1))
-    elif dist in ("sampled", "unsampled"):
-        # against a sampled threshold estimate (runs of 32 entries every n // 256, as the kernels sample):
-        # 100 + randn on exactly the sampled runs (the estimate is too high) or on entries 64..127 of
-        # every 256, none of them sampled (the estimate is too low: far more candidates than slots)
-        x = torch.randn(b, n, generator=g)
-        step = max(n // 256, 1)
-        col = torch.arange(n) % step
-        hot = col < 32 if dist == "sampled" else (col >= 64) & (col < 128)
-        x = torch.where(hot[None, :], x + 100, x)
-    elif dist == "outliers":
-        # 400 (fewer on short rows) distinct huge scores inside one gap between the runs of 32 that v3
-        # samples (every n // 64 entries on rows of the 32768 tier, n // 256 beyond): the k-th largest, for
-        # k below their count, lies far above the sample's largest key (the last bin of the pre-binned list)
-        x = torch.randn(b, n, generator=g)
-        step = max(n // (64 if n <= 32768 else 256), 1)
-        count = max(0, min(400, step - 96))
-        at = step * (4 * (n // step // 8) + 2) + 64
-        x[:, at:at + count] = 1000.0 + torch.arange(count, dtype=torch.float32)
-    elif dist == "special":  # NaN of both signs, +-inf, signed zeros, denormals of both signs over randn
-        x = torch.randn(b, n, generator=g)
-        pick = torch.randint(0, 10, (b, n), generator=g)
-        neg_nan = torch.tensor([-0x400000], dtype=torch.int32).view(torch.float32)  # bits 0xFFC00000
-        x = torch.where(pick == 0, torch.full_like(x, NAN), x)
-        x = torch.where(pick == 1, torch.full_like(x, INF), x)
-        x = torch.where(pick == 2, torch.full_like(x, -INF), x)
-        x = torch.where(pick == 3, torch.full_like(x, -0.0), x)
-        x = torch.where(pick == 4, torch.zeros_like(x), x)
-        x = torch.where(pick == 5, torch.full_like(x, 1e-40), x)
-        x = torch.where(pick == 6, torch.full_like(x, -1e-40), x)
-        x = torch.where(pick == 7, neg_nan.expand_as(x), x)
-    else:
-        raise KeyError(dist)
-    return x.to(dtype).to(device)
-
-
-DISTS = ("randn", "conc", "tiny", "equal", "few", "sorted", "ascending", "special")
-
-
-def poison_beyond_end(x: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
-    """Garbage the top-k must never pick: +inf and NaN at and beyond `end`."""
-    col = torch.arange(x.shape[1], device=x.device)[None, :]
-    beyond = col >= end.to(x.device).long()[:, None]
-    garbage = torch.where(col % 2 == 0, torch.full_like(x, INF), torch.full_like(x, NAN))
-    return torch.where(beyond, garbage, x)
-
-
-def canonical_nans(t: torch.Tensor) -> torch.Tensor:
-    """Every NaN as the one canonical NaN (for comparisons against torch ops that do not keep NaN bits)."""
-    return torch.where(torch.isnan(t), torch.full_like(t, NAN), t)
-
-
-def block_max_by_amax(x: torch.Tensor, block_size: int, end: torch.Tensor) -> torch.Tensor:
-    """Vectorized block maxima of the entries before `end` (-inf for a block without one) by torch.amax,
-    NaNs canonical: amax propagates a NaN but not its bits, which block_max_scores_ref keeps."""
-    masked = torch.where(torch.arange(x.shape[1])[None] < end[:, None].long(), x, torch.full_like(x, -INF))
-    padded = torch.nn.functional.pad(masked, (0, (-x.shape[1]) % block_size), value=-INF)
-    return canonical_nans(padded.reshape(x.shape[0], -1, block_size).amax(-1))
-
-
-def as_pairs_by_index(values, indices):
-    """Sort lanes by index (fills last) so unordered outputs compare exactly."""
-    key = torch.where(indices < 0, torch.full_like(indices, torch.iinfo(indices.dtype).max), indices)
-    order = torch.sort(key, dim=1, stable=True).indices
-    return (None if values is None else values.gather(1, order)), indices.gather(1, order)
-
+from tilelang_ops.testing.topk import (
+    ALL_GPU_CASES,
+    DISTS,
+    INF,
+    NAN,
+    TwinCase,
+    as_pairs_by_index,
+    block_max_by_amax,
+    canonical_nans,
+    config_label,
+    make_end,
+    make_scores,
+    poison_beyond_end,
+    with_nan_payloads,
+)
+from tilelang_ops.topk.launch import TopkConfig, tile_unroll
 
 # ----------------------------------------------------------------------------------------------------
 # CPU tier: the loop reference on hand-made rows
@@ -150,9 +73,9 @@ def test_signed_zero_key_folds():
 
 
 def test_key_floor_leaves_key_zero_free():
-    # topk v3 marks "no entry" (past the end) with key 0 and starts its search range at key 1: every real
-    # score, NaN and -inf included, must key at least 0x007FFFFF (the key of -inf). Every bf16 bit pattern,
-    # and fp32 extremes plus random bit patterns.
+    # the row kernel marks "no entry" (past the end) with key 0 and starts its search range at key 1: every
+    # real score, NaN and -inf included, must key at least 0x007FFFFF (the key of -inf). Every bf16 bit
+    # pattern, and fp32 extremes plus random bit patterns.
     bf = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     g = torch.Generator().manual_seed(0)
     f32 = torch.cat([torch.randint(-(1 << 31), (1 << 31) - 1, (1 << 20,), generator=g, dtype=torch.int64),
@@ -240,37 +163,6 @@ def test_sample_adversarial_generators():
 # ----------------------------------------------------------------------------------------------------
 # CPU tier: the vectorized twin equals the loop reference over the distribution matrix
 
-@dataclass(frozen=True)
-class TwinCase:
-    dist: str
-    b: int
-    n: int
-    k: int
-    ends: str  # "full" | "random" | "short" (end <= k) | "zero"
-    dtype: str = "fp32"
-    mode: str = "sorted"  # sorted | sorted_index | any
-
-    @property
-    def id(self):
-        return f"{self.dist}-b{self.b}n{self.n}k{self.k}-{self.ends}-{self.dtype}-{self.mode}"
-
-
-def make_end(kind: str, b: int, n: int, k: int, device="cpu", seed=1) -> torch.Tensor | None:
-    g = torch.Generator().manual_seed(seed)
-    if kind == "full":
-        return None
-    if kind == "random":
-        e = torch.randint(0, n + 1, (b,), generator=g)
-        e[0] = n
-    elif kind == "short":
-        e = torch.randint(0, min(k, n) + 1, (b,), generator=g)
-    elif kind == "zero":
-        e = torch.zeros(b, dtype=torch.int64)
-    else:
-        raise KeyError(kind)
-    return e.to(torch.int32).to(device)
-
-
 TWIN_CASES = [TwinCase(d, 3, 300, 17, "random") for d in DISTS] + [
     TwinCase("few", 4, 257, 64, "random", "bf16", "any"),
     TwinCase("pairs", 4, 301, 33, "random"),  # ties of two: the lower index wins within each pair
@@ -337,17 +229,6 @@ def test_block_max_scores_ref():
     out = block_max_scores_ref(x, 16, end)
     assert out.shape == (3, 7)
     compare_bitwise("block_max", canonical_nans(out), block_max_by_amax(x, 16, end)).check()
-
-
-def with_nan_payloads(x: torch.Tensor, step: int) -> torch.Tensor:
-    """Every `step`-th element becomes a NaN with a sign and payload of its own (bits differ from the
-    canonical NaN), so a kernel that canonicalizes NaNs (a float round trip) is caught."""
-    ibits = torch.int32 if x.dtype == torch.float32 else torch.int16
-    nans = [0x7FC00001, -0x3FFFFF, 0x7F800003] if x.dtype == torch.float32 else [0x7FC1, -0x3F, 0x7F83]
-    flat = x.clone().view(ibits).reshape(-1)
-    for j, bits in enumerate(nans):
-        flat[j * 11::step * len(nans)] = bits  # -0x3FFFFF = 0xFFC00001, -0x3F = 0xFFC1: negative NaNs
-    return flat.reshape(x.shape).view(x.dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -494,36 +375,55 @@ def test_error_leaves_index_untouched():
 # CPU tier: the kernel wrappers reject bad input before launching, and every kernel builds for sm_90a
 
 def test_wrappers_reject_cpu_tensors_and_bad_args():
-    from tilelang_ops import topk as K
+    from tilelang_ops.topk import (
+        block_max_scores,
+        convert_kv_index_,
+        restore_candidate_indices_,
+        topk,
+        topk_to_slots,
+    )
 
     x = torch.randn(2, 8)
     with pytest.raises(ValueError, match="CUDA"):
-        K.topk(x, 2)
+        topk(x, 2)
     with pytest.raises(TypeError):
-        K.topk(x.double(), 2)
+        topk(x.double(), 2)
     with pytest.raises(ValueError):
-        K.topk(x, 0)
+        topk(x, 0)
     with pytest.raises(ValueError, match="CUDA"):
-        K.block_max_scores(x, 4)
+        block_max_scores(x, 4)
     with pytest.raises(ValueError, match="CUDA"):
-        K.restore_candidate_indices_(torch.zeros(2, 3, dtype=torch.int32),
+        restore_candidate_indices_(torch.zeros(2, 3, dtype=torch.int32),
                                      torch.zeros(2, 1, dtype=torch.int32), 4)
     with pytest.raises(ValueError, match="CUDA"):
-        K.convert_kv_index_(torch.zeros(2, 1, 3, dtype=torch.int32), 4, torch.zeros(2, 1, dtype=torch.int32),
+        convert_kv_index_(torch.zeros(2, 1, 3, dtype=torch.int32), 4, torch.zeros(2, 1, dtype=torch.int32),
                             torch.zeros(2, 2, dtype=torch.int32))
     with pytest.raises(ValueError, match="CUDA"):
-        K.topk_to_slots(x, 2, block_size_c=4, block_tables=torch.zeros(2, 2, dtype=torch.int32))
+        topk_to_slots(x, 2, block_size_c=4, block_tables=torch.zeros(2, 2, dtype=torch.int32))
+
+
+def test_cpu_emulator_runs_each_kernel():
+    # tools/check_topk_emu.py: one small case of each kernel (row on 256 threads and on a cluster, tile, warp,
+    # the fused slots path, block max) as generated CUDA on the CPU emulator, bitwise against the twin
+    if shutil.which("g++") is None:
+        pytest.skip("the emulator compiles the kernels' C++ with g++")
+    from tools import check_topk_emu as emu
+
+    kernels = {emu.config_of(c).kernel for c in emu.SMOKE}
+    assert kernels == {"row", "tile", "warp"} and any(c.config.split > 1 for c in emu.SMOKE)
+    results = emu.smoke(seed=1)
+    assert len(results) == 2 * len(emu.SMOKE) + 3
+    failed = [c.message() for c in results if not c.passed]
+    assert not failed, failed
 
 
 @pytest.mark.build
 def test_build_sm90():
-    from tilelang_ops.topk import TOPK_VARIANT, build_all
+    from tilelang_ops.topk import build_all
 
-    # each code path of the default variant (its uncached tier as the streaming kernel), the uncached tier
-    # of the other (all: `make diff`)
+    # each code path of the three kernels (the uncached row kernel as the streaming one; all: `make diff`)
     built = build_all(quick=True)
-    assert f"topk_to_slots fp32 cand16 Bc64 {TOPK_VARIANT}" in built
-    assert "topk fp32 uncached v1" in built and "topk fp32 uncached stream" in built
+    assert "topk_to_slots fp32 cand16 Bc64" in built and "topk fp32 uncached stream" in built
     assert "topk fp32 cache32768 threads512" in built
     assert "topk warp bf16 int64+offset" in built
     assert "topk tile bf16 int64+offset" in built
@@ -532,62 +432,6 @@ def test_build_sm90():
 # ----------------------------------------------------------------------------------------------------
 # GPU tier: kernels against the references (exact)
 
-@dataclass(frozen=True)
-class GpuCase:
-    dist: str
-    b: int
-    n: int
-    k: int
-    ends: str = "full"
-    dtype: str = "fp32"
-    mode: str = "any"
-    loop_ref: bool = False  # also check against the loop reference (small shapes only)
-
-    @property
-    def id(self):
-        return f"{self.dist}-b{self.b}n{self.n}k{self.k}-{self.ends}-{self.dtype}-{self.mode}"
-
-
-GPU_CASES = (
-    [GpuCase(d, 7, 2048, 512, "random", loop_ref=True) for d in DISTS]
-    + [GpuCase(d, 64, 32768, 2048) for d in DISTS]
-    + [GpuCase(d, 2, 65536, 2048, "random") for d in DISTS]
-    + [GpuCase(d, 16, 131072, 2048) for d in ("randn", "conc", "few", "equal")]
-    + [
-        GpuCase("randn", 1, 1, 1, loop_ref=True),
-        GpuCase("randn", 7, 1, 4, loop_ref=True),
-        GpuCase("special", 7, 100, 16, "random", "bf16", "sorted", loop_ref=True),
-        GpuCase("few", 4096, 100, 8, "random", mode="sorted_index"),
-        GpuCase("randn", 4096, 2048, 64, "random"),
-        GpuCase("conc", 128, 8192, 512, "random", "bf16"),
-        GpuCase("randn", 64, 8192, 512, mode="sorted"),
-        GpuCase("tiny", 128, 8192, 4096, "random", mode="sorted"),
-        GpuCase("randn", 128, 131072, 2048, mode="sorted"),
-        GpuCase("conc", 1, 1 << 20, 2048),
-        GpuCase("few", 1, 1 << 20, 4096, "random", "bf16"),
-        GpuCase("randn", 7, 1 << 20, 2048, "short"),
-        GpuCase("randn", 4, 1 << 20, 100, "zero"),
-        GpuCase("special", 64, 65536, 1, "random"),
-        GpuCase("equal", 7, 4096, 4096, "random", mode="sorted"),
-        # long rows: sampled threshold estimate holds (randn, conc) or fails (sorted rows, heavy ties)
-        GpuCase("sorted", 4, 131072, 2048),
-        GpuCase("ascending", 4, 131072, 4096, mode="sorted"),
-        GpuCase("tiny", 3, 1 << 20, 4096, "random"),
-        GpuCase("special", 3, 200000, 3000, "random", "bf16"),
-        GpuCase("randn", 5, 40000, 4096, "random", mode="sorted_index"),
-        # 1M entries, k = 2048: the sample's bound is refined inside its histogram bin (V3_SAMPLE_PAD in
-        # tilelang_ops/topk.py), on one CTA per row and on a cluster per row (the same bound in every CTA)
-        GpuCase("randn", 64, 1 << 20, 2048),
-        GpuCase("randn", 2, 1 << 20, 2048),
-        # the k-th largest far above the sample (k < 400 outliers) or among the ordinary scores (k > 400)
-        GpuCase("outliers", 4, 131072, 300),
-        GpuCase("outliers", 4, 131072, 2048),
-        GpuCase("outliers", 8, 32768, 300, mode="sorted"),
-        GpuCase("outliers", 2, 65536, 100, "random"),
-    ]
-)
-
-
 def _run_gpu_case(case, fn_kernel):
     dtype = torch.float32 if case.dtype == "fp32" else torch.bfloat16
     x = make_scores(case.dist, case.b, case.n, dtype, device="cuda")
@@ -595,7 +439,7 @@ def _run_gpu_case(case, fn_kernel):
     if end is not None:
         x = poison_beyond_end(x, end)
     kw = dict(end=end, **_mode_kwargs(case.mode))
-    return x, end, kw, fn_kernel(x, case.k, **kw)
+    return x, end, kw, fn_kernel(x, case.k, **kw, config=case.config)
 
 
 def _check_gpu_case(case, fn_kernel, tag=""):
@@ -612,12 +456,14 @@ def _check_gpu_case(case, fn_kernel, tag=""):
     return x, end, v, i
 
 
+
+
 @requires_cuda
-@pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
+@pytest.mark.parametrize("case", ALL_GPU_CASES, ids=case_id)
 def test_gpu_topk_exact(case):
     from tilelang_ops.topk import topk
 
-    x, end, v, i = _check_gpu_case(case, topk)
+    x, end, v, i = _check_gpu_case(case, topk, f" {config_label(case.config)}" if case.config else "")
     if case.loop_ref:
         lv, li = topk_ref(x.cpu(), case.k, end=None if end is None else end.cpu(), **_mode_kwargs(case.mode))
         if case.mode == "any":
@@ -626,315 +472,122 @@ def test_gpu_topk_exact(case):
         compare_bitwise("values vs loop", v, lv).check()
 
 
-# Every kernel variant on a subset (v1: GPU-verified fallback; v3: the default, see tilelang_ops.topk): a
-# failure here names the variant, so the default can be flipped with confidence.
-VARIANT_CASES = [
-    GpuCase("randn", 7, 2048, 512, "random"),
-    GpuCase("special", 7, 100, 16, "random", "bf16", "sorted"),
-    GpuCase("randn", 64, 32768, 2048),  # 32768 tier: v1 caches the row, v3 samples + compacts candidates
-    GpuCase("few", 64, 32768, 2048),
-    GpuCase("equal", 64, 32768, 2048),
-    GpuCase("special", 16, 30000, 3000, "random", "bf16"),
-    GpuCase("randn", 16, 20000, 4096, "random", mode="sorted"),
-    GpuCase("conc", 128, 8192, 512, "random", "bf16"),
-    GpuCase("tiny", 128, 8192, 4096, "random", mode="sorted"),
-    GpuCase("randn", 2, 65536, 2048, "random"),
-    GpuCase("special", 2, 65536, 2048, "random"),
-    GpuCase("sorted", 4, 131072, 2048),
-    GpuCase("ascending", 4, 131072, 4096, mode="sorted"),
-    GpuCase("randn", 16, 131072, 2048),
-    GpuCase("equal", 4, 131072, 2048),  # candidate list never fits: the passes read the row
-    GpuCase("conc", 4, 131072, 2048, "random"),
-    GpuCase("few", 1, 1 << 20, 4096, "random", "bf16"),
-    GpuCase("special", 3, 200000, 3000, "random", "bf16"),
-    GpuCase("randn", 4096, 2048, 64, "random"),
-    # against the sampled estimate (v3: too high -> radix passes over the row; too low -> more candidates
-    # than slots) and 50-way ties in the sampled bin (candidates overflow with min < max)
-    GpuCase("sampled", 8, 65536, 2048),
-    GpuCase("unsampled", 8, 65536, 2048, "random"),
-    GpuCase("unsampled", 16, 32768, 2048),
-    GpuCase("ties50", 8, 131072, 2048),
-    GpuCase("ties50", 64, 20000, 512, "random", mode="sorted_index"),
-    GpuCase("unsampled", 2, 1 << 18, 4096, "random", "bf16"),
-    GpuCase("randn", 64, 8192, 512),
-    GpuCase("equal", 8, 50000, 1),
-    # v3's one-tile rows (keys in registers): NaN / inf / signed zeros in bf16, many tie groups, k near e
-    GpuCase("special", 16, 8192, 1000, "random", "bf16"),
-    GpuCase("ties50", 16, 8192, 300, "random", mode="sorted_index"),
-    GpuCase("ascending", 8, 8192, 4095, "random", mode="sorted"),
-    # v3 ranks a threshold bin of <= 256 keys directly (V3_RES): ties of two inside it (registers, list, bf16)
-    GpuCase("pairs", 16, 8192, 512, "random"),
-    GpuCase("pairs", 8, 32768, 2048),
-    GpuCase("pairs", 4, 131072, 2048, "random", "bf16"),
-]
-VARIANT_NAMES = ["v1", "v3"]
+# The fused scores -> slots path on every kernel (the default for long rows, a split row, the 256-thread row
+# kernel, the warp kernel, the tile kernel on both CTAs).
+SLOTS_CONFIGS = [(None, 40000), (TopkConfig(), 30000), (TopkConfig(split=2), 30000),
+                 (TopkConfig(threads=256), 30000), (TopkConfig("warp"), 30000),
+                 (TopkConfig("tile"), 8000), (TopkConfig("tile", 256, unroll=16), 4000)]
 
 
 @requires_cuda
-@pytest.mark.parametrize("variant", VARIANT_NAMES)
-@pytest.mark.parametrize("case", VARIANT_CASES, ids=case_id)
-def test_gpu_topk_variant_exact(case, variant, monkeypatch):
-    import tilelang_ops.topk as tk
+@pytest.mark.parametrize("config, n", SLOTS_CONFIGS,
+                         ids=[f"{config_label(c) if c else 'default'}-n{n}" for c, n in SLOTS_CONFIGS])
+@pytest.mark.parametrize("with_candidates", [False, True])
+def test_gpu_topk_to_slots_config(config, n, with_candidates):
+    from tilelang_ops.topk import topk_to_slots
 
-    monkeypatch.setattr(tk, "TOPK_VARIANT", variant)
-    _check_gpu_case(case, tk.topk, f" {variant}")
-
-
-@requires_cuda
-@pytest.mark.parametrize("variant", VARIANT_NAMES)
-def test_gpu_topk_to_slots_variant(variant, monkeypatch):
-    import tilelang_ops.topk as tk
-
-    monkeypatch.setattr(tk, "TOPK_VARIANT", variant)
-    b, n, k, bc = 16, 40000, 2048, 64  # long rows (no row cache): sampled estimate + compaction
-    x = make_scores("randn", b, n, device="cuda")
-    end = make_end("random", b, n, k, device="cuda")
-    x = poison_beyond_end(x, end)
-    table = torch.randint(0, 100000, (b, n // bc + 1), dtype=torch.int32, device="cuda")
-    got = tk.topk_to_slots(x, k, end=end, block_size_c=bc, block_tables=table)
-    _, idx = topk_torch(x, k, end=end, sorted_index=True)
-    want = convert_kv_index_ref_(idx.reshape(b, 1, k).clone(), bc, end.clamp(max=k).reshape(b, 1), table)
-    compare_bitwise(f"slots {variant}", got, want.reshape(b, k)).check()
-
-
-# v3 splits a sampled row (more entries than the candidate capacity) over a cluster of up to MAX_SPLIT CTAs
-# while b * split CTAs take at most half the SMs. Each case runs with split 1, 2, 4 and 8 (where they do;
-# the wrapper's choice is asserted, so a case that would not split fails instead of passing vacuously):
-# shares of 1 to 64 tiles, CTAs with no tile (3 tiles over 4 CTAs), lists that overflow the lead (equal,
-# ties50), bounds that fail (sampled, unsampled), every output option.
-SPLIT_CASES = [
-    GpuCase("randn", 7, 65536, 2048, "random"),
-    GpuCase("randn", 33, 9000, 512, "random"),  # 2 tiles
-    GpuCase("randn", 16, 20000, 4096, "random", mode="sorted"),  # 3 tiles
-    GpuCase("pairs", 8, 32768, 2048),
-    GpuCase("unsampled", 16, 32768, 2048),
-    GpuCase("sampled", 8, 65536, 2048),
-    GpuCase("unsampled", 8, 65536, 2048, "random"),
-    GpuCase("ascending", 4, 40000, 4096, mode="sorted"),
-    GpuCase("sorted", 4, 131072, 2048),
-    GpuCase("equal", 4, 131072, 2048),
-    GpuCase("ties50", 8, 131072, 2048),
-    GpuCase("conc", 4, 131072, 2048, "random"),
-    GpuCase("special", 3, 200000, 3000, "random", "bf16"),
-    GpuCase("few", 1, 1 << 20, 4096, "random", "bf16", "sorted_index"),
-]
-
-
-@requires_cuda
-@pytest.mark.parametrize("split", [1, 2, 4, 8])
-@pytest.mark.parametrize("case", SPLIT_CASES, ids=case_id)
-def test_gpu_topk_split_exact(case, split, monkeypatch):
-    import tilelang_ops.topk as tk
-
-    if case.b * split > tk._sm_count(torch.device("cuda")) // 2:
-        pytest.skip(f"{case.b} rows x {split} CTAs: more than half the SMs (the wrapper would split less)")
-    monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
-    monkeypatch.setattr(tk, "MAX_SPLIT", split)
-    assert tk._launch(case.b, case.n, torch.device("cuda"))["split"] == split
-    _check_gpu_case(case, tk.topk, f" split {split}")
-
-
-# v3 with fewer threads per CTA (several CTAs per SM: what the wrapper launches for many short rows, see
-# _v3_threads), forced on every case (one CTA per row); the launched thread count is asserted. One-tile rows
-# (up to 8 x threads entries, keys in registers), rows of a few tiles (the candidate list, with a sample
-# in the 32768 tier), an uncached row, ties, bounds that fail, every output option.
-THREADS_CASES = [
-    GpuCase("randn", 300, 2048, 512, "random"),
-    GpuCase("special", 64, 4096, 1000, "random", "bf16"),
-    GpuCase("few", 64, 8192, 512, "random"),
-    GpuCase("equal", 64, 2048, 64, "random", mode="sorted"),
-    GpuCase("randn", 64, 32768, 2048, "random"),
-    GpuCase("conc", 64, 20000, 2048),
-    GpuCase("ties50", 64, 8192, 300, "random", mode="sorted_index"),
-    GpuCase("tiny", 64, 4096, 4096, "random"),
-    GpuCase("randn", 300, 100, 8, "random"),
-    GpuCase("unsampled", 16, 32768, 2048),
-    GpuCase("randn", 4, 65536, 2048, "random"),
-    GpuCase("ascending", 8, 8192, 4095, "random", mode="sorted"),
-]
-
-
-@requires_cuda
-@pytest.mark.parametrize("threads", [32, 256, 512])
-@pytest.mark.parametrize("case", THREADS_CASES, ids=case_id)
-def test_gpu_topk_threads_exact(case, threads, monkeypatch):
-    import tilelang_ops.topk as tk
-
-    monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
-    monkeypatch.setattr(tk, "MAX_SPLIT", 1)
-    monkeypatch.setattr(tk, "_v3_threads", lambda b, n, cache_cap, sms: threads)
-    monkeypatch.setattr(tk, "TILE_SHORT", False)  # v3 itself on 256 threads (test_gpu_topk_tile_exact: tile)
-    assert tk._launch(case.b, case.n, torch.device("cuda")) == {"split": 1, "threads": threads}
-    _check_gpu_case(case, tk.topk, f" threads {threads}")
-
-
-# Rows of one tile: topk_kernel_tile on 1024 threads (k < end <= TILE) and on 256 threads (end <= 4096, 8 or
-# 16 keys a thread: the short tier's rows, forced on every case that fits), and v3's own one-tile path (keys
-# in registers, TILE_ROWS off).
-TILE_CASES = [
-    GpuCase("randn", 64, 8192, 512),
-    GpuCase("randn", 7, 2048, 512, "random"),
-    GpuCase("conc", 64, 8192, 512, "random", "bf16"),
-    GpuCase("tiny", 16, 8192, 4096, "random", mode="sorted"),
-    GpuCase("few", 64, 8192, 512, "random"),
-    GpuCase("equal", 8, 8192, 512, "random", mode="sorted"),
-    GpuCase("special", 16, 8192, 1000, "random", "bf16"),
-    GpuCase("ties50", 16, 8192, 300, "random", mode="sorted_index"),
-    GpuCase("pairs", 16, 8192, 512, "random"),
-    GpuCase("ascending", 8, 8192, 4095, "random", mode="sorted"),
-    GpuCase("sorted", 8, 5000, 1, "random"),
-    GpuCase("randn", 16, 100, 8, "random", "bf16", "sorted"),
-    GpuCase("outliers", 8, 8192, 2048),
-    GpuCase("few", 300, 4096, 512, "random"),
-    GpuCase("conc", 64, 4096, 1000, "random", "bf16"),
-    GpuCase("ties50", 64, 3000, 300, "random", mode="sorted_index"),
-    GpuCase("equal", 64, 2048, 64, "random", mode="sorted"),
-    GpuCase("special", 32, 2100, 2000, "random", "bf16", "sorted"),
-]
-
-
-@requires_cuda
-@pytest.mark.parametrize("kernel, threads", [("tile", 1024), ("tile", 256), ("v3", 1024)],
-                         ids=["tile", "tile256", "v3"])
-@pytest.mark.parametrize("case", TILE_CASES, ids=case_id)
-def test_gpu_topk_tile_exact(case, kernel, threads, monkeypatch):
-    import tilelang_ops.topk as tk
-
-    if tk._tile_unroll(case.n, threads) == 0:
-        pytest.skip(f"rows of {case.n} entries are more than one tile on {threads} threads")
-    monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
-    monkeypatch.setattr(tk, "TILE_ROWS", kernel == "tile")
-    monkeypatch.setattr(tk, "_v3_threads", lambda b, n, cache_cap, sms: threads)
-    launch = tk._launch(case.b, case.n, torch.device("cuda"))
-    assert (launch.get("tile", 0) > 0) == (kernel == "tile") and launch["threads"] == threads, launch
-    _check_gpu_case(case, tk.topk, f" {kernel} {threads} threads")
-
-
-# v3's streaming reads (evict-first loads in the compaction, see STREAM_PRELUDE), forced on every launch of
-# uncached rows in one CTA each (the wrapper: such launches that read half the L2 or more, e.g. 128 x 131072
-# FP32); the uncached cases above.
-@requires_cuda
-@pytest.mark.parametrize("case", SPLIT_CASES, ids=case_id)
-def test_gpu_topk_stream_exact(case, monkeypatch):
-    import tilelang_ops.topk as tk
-
-    monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
-    monkeypatch.setattr(tk, "MAX_SPLIT", 1)
-    monkeypatch.setattr(tk, "STREAM_L2_FRACTION", 0.0)
-    if tk._cache_cap(case.n) != 0:
-        pytest.skip("rows of the cached tiers: the wrapper never streams them")
-    launch = tk._launch(case.b, case.n, torch.device("cuda"), 2 if case.dtype == "bf16" else 4)
-    assert launch == {"split": 1, "threads": tk.THREADS, "stream": True}
-    _check_gpu_case(case, tk.topk, " stream")
-
-
-@requires_cuda
-@pytest.mark.parametrize("split, threads, n, tile", [
-    (1, 1024, 30000, 0), (2, 1024, 30000, 0), (1, 256, 30000, 0), (1, 32, 30000, 0),
-    (1, 1024, 8000, 8), (1, 256, 4000, 16),  # rows of one tile: topk_kernel_tile
-])
-def test_gpu_topk_to_slots_launch(split, threads, n, tile, monkeypatch):
-    import tilelang_ops.topk as tk
-
-    monkeypatch.setattr(tk, "TOPK_VARIANT", "v3")
-    monkeypatch.setattr(tk, "MAX_SPLIT", split)
-    monkeypatch.setattr(tk, "_v3_threads", lambda b, n, cache_cap, sms: threads)
     b, k, bc, bs = 8, 2048, 64, 16
-    want_launch = {"split": split, "threads": threads, **({"tile": tile} if tile else {})}
-    assert tk._launch(b, n, torch.device("cuda")) == want_launch
     end = make_end("random", b, n, k, device="cuda")
     x = poison_beyond_end(make_scores("randn", b, n, device="cuda"), end)
     table = torch.randint(0, 100000, (b, 1000), dtype=torch.int32, device="cuda")
     blocks = torch.stack([torch.randperm(1000 * bc // bs)[: n // bs] for _ in range(b)]).to(torch.int32)
-    blocks = blocks.cuda()
-    got = tk.topk_to_slots(x, k, end=end, candidate_blocks=blocks, candidate_block_size=bs, block_size_c=bc,
-                           block_tables=table)
+    blocks = blocks.cuda() if with_candidates else None
+    got = topk_to_slots(x, k, end=end, candidate_blocks=blocks, candidate_block_size=bs if with_candidates
+                        else None, block_size_c=bc, block_tables=table, config=config)
     _, idx = topk_torch(x, k, end=end)
-    restore_candidate_indices_ref_(idx, blocks, bs)
+    if with_candidates:
+        restore_candidate_indices_ref_(idx, blocks, bs)
     want = convert_kv_index_ref_(idx.reshape(b, 1, k), bc, end.clamp(max=k).reshape(b, 1), table)
-    compare_bitwise(f"slots split {split} threads {threads} tile {tile}", got, want.reshape(b, k)).check()
+    compare_bitwise("slots", got, want.reshape(b, k)).check()
 
 
-def test_v3_split_choice(monkeypatch):
-    import tilelang_ops.topk as tk
-    from tilelang_ops.topk import CAND, MAX_CACHE, SMALL_CACHE, _v3_split
+def test_split_choice():
+    from tilelang_ops.topk.launch import MAX_SPLIT, split_rows
+    from tilelang_ops.topk.macros import CAND, SMALL_CACHE
 
-    assert tk.MAX_SPLIT == 8
+    assert MAX_SPLIT == 8
     # at most half the SMs: 8 CTAs per row up to 8 rows, 4 up to 16, 2 up to 33
-    assert [_v3_split(b, 65536, 0, 132) for b in (1, 8, 9, 16, 17, 33, 34)] == [8, 8, 4, 4, 2, 2, 1]
-    assert _v3_split(64, 32768, MAX_CACHE, 132) == 1  # the decode shape: measured slower split
-    assert _v3_split(128, 131072, 0, 132) == 1  # the rows already fill the device
-    assert _v3_split(1, CAND, MAX_CACHE, 132) == 1  # one tile: never sampled, never split
-    assert _v3_split(1, SMALL_CACHE, SMALL_CACHE, 132) == 1
-    assert _v3_split(1, CAND + 1, MAX_CACHE, 132) == 8
-    monkeypatch.setattr(tk, "MAX_SPLIT", 2)
-    assert _v3_split(33, 65536, 0, 132) == 2 and _v3_split(34, 65536, 0, 132) == 1
+    assert [split_rows(b, 65536, 132) for b in (1, 8, 9, 16, 17, 33, 34)] == [8, 8, 4, 4, 2, 2, 1]
+    assert split_rows(64, 32768, 132) == 1  # the decode shape: rows already fill half the SMs
+    assert split_rows(128, 131072, 132) == 1  # the rows already fill the device
+    assert split_rows(1, CAND, 132) == 1  # one tile: never sampled, never split
+    assert split_rows(1, SMALL_CACHE, 132) == 1
+    assert split_rows(1, CAND + 1, 132) == 8
+    assert split_rows(33, 65536, 132, max_split=2) == 2 and split_rows(34, 65536, 132, max_split=2) == 1
 
 
-def test_v3_launch_choice():
-    from tilelang_ops.topk import (
-        SHORT_ROW_THREADS,
-        THREADS,
-        WARP_ROW_MAX,
-        _jit_args,
-        _tile_unroll,
-        _v3_launch,
-    )
+def test_launch_rule():
+    from tilelang_ops.topk.launch import WARP_ROW_MAX, topk_config
 
+    C = TopkConfig
     # a warp per row for at least n / 104 rows of <= WARP_ROW_MAX entries per SM; else 256-thread CTAs for
     # more short rows (<= 4096 entries) than SMs; a split row keeps the full CTA
-    assert SHORT_ROW_THREADS == 256 and THREADS == 1024 and WARP_ROW_MAX == 1024
+    assert WARP_ROW_MAX == 1024
     # (the 256-thread rows are one tile of the tile kernel: 8 keys a thread up to 2048 entries, then 16)
-    assert _v3_launch(1270, 1000, 132) == {"split": 1, "threads": 32}
-    assert _v3_launch(1269, 1000, 132) == {"split": 1, "threads": 256, "tile": 8}
-    assert _v3_launch(1300, 1024, 132) == {"split": 1, "threads": 32}
-    assert _v3_launch(1299, 1024, 132) == {"split": 1, "threads": 256, "tile": 8}
-    assert _v3_launch(762, 600, 132) == {"split": 1, "threads": 32}
-    assert _v3_launch(761, 600, 132) == {"split": 1, "threads": 256, "tile": 8}
-    assert _v3_launch(1 << 20, 1025, 132) == {"split": 1, "threads": 256, "tile": 8}  # past WARP_ROW_MAX
-    assert _v3_launch(1 << 20, 2049, 132) == {"split": 1, "threads": 256, "tile": 16}
-    assert _v3_launch(1 << 20, 4096, 132) == {"split": 1, "threads": 256, "tile": 16}
-    assert _v3_launch(1 << 20, 4097, 132) == {"split": 1, "threads": 1024, "tile": 8}  # past the short tier
-    assert _v3_launch(133, 2049, 132) == {"split": 1, "threads": 256, "tile": 16}
-    assert _v3_launch(132, 2048, 132) == {"split": 1, "threads": 1024, "tile": 8}  # a row per SM anyway
-    assert _v3_launch(4096, 8193, 132) == {"split": 1, "threads": 1024}  # the 32768 tier
-    assert _v3_launch(4096, 65536, 132) == {"split": 1, "threads": 1024}
-    assert _v3_launch(1, 65536, 132) == {"split": 8, "threads": 1024}
+    assert topk_config(1270, 1000, 4, 132) == C("warp")
+    assert topk_config(1269, 1000, 4, 132) == C("tile", 256, unroll=8)
+    assert topk_config(1300, 1024, 4, 132) == C("warp")
+    assert topk_config(1299, 1024, 4, 132) == C("tile", 256, unroll=8)
+    assert topk_config(762, 600, 4, 132) == C("warp")
+    assert topk_config(761, 600, 4, 132) == C("tile", 256, unroll=8)
+    assert topk_config(1 << 20, 1025, 4, 132) == C("tile", 256, unroll=8)  # past WARP_ROW_MAX
+    assert topk_config(1 << 20, 2049, 4, 132) == C("tile", 256, unroll=16)
+    assert topk_config(1 << 20, 4096, 4, 132) == C("tile", 256, unroll=16)
+    assert topk_config(1 << 20, 4097, 4, 132) == C("tile", 1024, unroll=8)  # past the short tier
+    assert topk_config(133, 2049, 4, 132) == C("tile", 256, unroll=16)
+    assert topk_config(132, 2048, 4, 132) == C("tile", 1024, unroll=8)  # a row per SM anyway
+    assert topk_config(4096, 8193, 4, 132) == C()  # the 32768 tier
+    assert topk_config(4096, 65536, 4, 132) == C()
+    assert topk_config(1, 65536, 4, 132) == C(split=8)
     # streaming reads for unsplit rows of the uncached tier when the launch reads half the L2 or more
     l2 = 60 << 20
-    assert _v3_launch(128, 131072, 132, 4, l2) == {"split": 1, "threads": 1024, "stream": True}
-    assert _v3_launch(128, 131072, 132, 2, l2) == {"split": 1, "threads": 1024, "stream": True}  # 32 MiB
-    assert _v3_launch(64, 131072, 132, 2, l2) == {"split": 1, "threads": 1024}  # 16 MiB
-    assert _v3_launch(64, 32768, 132, 4, l2) == {"split": 1, "threads": 1024}  # 8 MiB
-    assert _v3_launch(1024, 32768, 132, 4, l2) == {"split": 1, "threads": 1024}  # the 32768 tier never
-    assert _v3_launch(1, 1 << 24, 132, 4, l2) == {"split": 8, "threads": 1024}  # split rows never stream
-    # rows of one tile (<= TILE entries) on 1024 threads: topk_kernel_tile
-    assert _v3_launch(16384, 8192, 132, 4, l2) == {"split": 1, "threads": 1024, "tile": 8}
-    assert _v3_launch(64, 8192, 132) == {"split": 1, "threads": 1024, "tile": 8}
-    assert _v3_launch(64, 8193, 132) == {"split": 1, "threads": 1024}
-    assert _v3_launch(128, 131072, 132, 4, 0) == {"split": 1, "threads": 1024}  # no L2 size known
-    # the default launch keeps the factory's default arguments (and so its cache key)
-    static = ("float32", "int32", "int32", 0, False, False, -1, float("-inf"), "topk", 0, 1)
-    assert _jit_args(*static, "v3") == ("topk_kernel_v3", static)
-    assert _jit_args(*static, "v3", split=2) == ("topk_kernel_v3", static + (2,))
-    assert _jit_args(*static, "v3", threads=256) == ("topk_kernel_v3", static + (1, 256))
-    assert _jit_args(*static, "v3", threads=32) == ("topk_kernel_warp", static[:3] + static[4:])  # no tier
-    assert _jit_args(*static, "v1") == ("topk_kernel", static + ("v1",))
-    assert _jit_args(*static, "v3", stream=True) == ("topk_kernel_v3", static + (1, 1024, True))
-    assert _jit_args(*static, "v3", tile=8) == ("topk_kernel_tile", static[:3] + static[4:])  # no tier
-    assert _jit_args(*static, "v3", threads=256, tile=16) == ("topk_kernel_tile",
-                                                               static[:3] + static[4:] + (256, 16))
-    assert [_tile_unroll(n, t) for n, t in ((1, 1024), (8192, 1024), (8193, 1024), (2048, 256), (2049, 256),
-                                            (4096, 256), (4097, 256))] == [8, 8, 0, 8, 16, 16, 0]
+    assert topk_config(128, 131072, 4, 132, l2) == C(stream=True)
+    assert topk_config(128, 131072, 2, 132, l2) == C(stream=True)  # 32 MiB
+    assert topk_config(64, 131072, 2, 132, l2) == C()  # 16 MiB
+    assert topk_config(64, 32768, 4, 132, l2) == C()  # 8 MiB
+    assert topk_config(1024, 32768, 4, 132, l2) == C()  # the 32768 tier never
+    assert topk_config(1, 1 << 24, 4, 132, l2) == C(split=8)  # split rows never stream
+    # rows of one tile (<= 8192 entries) on 1024 threads: the tile kernel
+    assert topk_config(16384, 8192, 4, 132, l2) == C("tile", unroll=8)
+    assert topk_config(64, 8192, 4, 132) == C("tile")
+    assert topk_config(64, 8193, 4, 132) == C()
+    assert topk_config(128, 131072, 4, 132, 0) == C()  # no L2 size known
+    assert [tile_unroll(n, t) for n, t in ((1, 1024), (8192, 1024), (8193, 1024), (2048, 256), (2049, 256),
+                                           (4096, 256), (4097, 256))] == [8, 8, 0, 8, 16, 16, 0]
 
 
-def test_topk_variant_names():
-    import tilelang_ops.topk as tk
+def test_kernel_for():
+    from tilelang_ops.topk import kernel_for, row_kernel, tile_kernel, warp_kernel
 
-    assert tk.TOPK_VARIANT in tk.VARIANTS and "v1" in tk.VARIANTS and set(VARIANT_NAMES) == set(tk.VARIANTS)
-    with pytest.raises(ValueError, match="variant"):
-        tk.topk_kernel.get_tir("float32", "int32", "int32", 0, True, False, -1, float("-inf"), "topk", 0, 1,
-                               "v9")
+    static = ("float32", "int32", "int32", False, False, -1, float("-inf"), "topk", 0, 1)
+    row = static[:3] + (0,) + static[3:]
+    assert kernel_for(static, 65536, TopkConfig()) == (row_kernel, row + (1, 1024, False))
+    assert kernel_for(static, 65536, TopkConfig(split=2)) == (row_kernel, row + (2, 1024, False))
+    assert kernel_for(static, 65536, TopkConfig(stream=True)) == (row_kernel, row + (1, 1024, True))
+    assert kernel_for(static, 4096, TopkConfig(threads=256))[1][3] == 4096  # the short tier
+    assert kernel_for(static, 100, TopkConfig("warp")) == (warp_kernel, static + (4,))
+    assert kernel_for(static, 4096, TopkConfig("tile", 256, unroll=16)) == (tile_kernel, static + (256, 16))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(kernel="v1"), "config.kernel"), (dict(threads=128), "config.threads"),
+    (dict(split=3), "config.split"),
+    (dict(split=2, threads=256), "split"), (dict(kernel="tile", split=2), "split"),
+    (dict(kernel="warp", stream=True), "stream"), (dict(unroll=4), "config.unroll"),
+    (dict(rows_per_cta=0), "rows_per_cta")], ids=lambda v: str(v))
+def test_config_rejects_bad_knobs(kw, match):
+    with pytest.raises(ValueError, match=match):
+        TopkConfig(**kw)
+
+
+def test_tile_config_rejects_long_rows():
+    from tilelang_ops.topk import kernel_for
+
+    static = ("float32", "int32", "int32", True, False, -1, float("-inf"), "topk", 0, 1)
+    with pytest.raises(ValueError, match="n=8193"):
+        kernel_for(static, 8193, TopkConfig("tile"))
+    with pytest.raises(ValueError, match="n=2049"):
+        kernel_for(static, 2049, TopkConfig("tile", 256))
 
 
 @requires_cuda
@@ -1048,3 +701,75 @@ def test_gpu_topk_to_slots(with_candidates, dist):
                                 candidate_block_size=kw["candidate_block_size"], block_size_c=bc,
                                 block_tables=table[:4].cpu())
         compare_bitwise("slots vs loop", got[:4], ref).check()
+
+
+# ----------------------------------------------------------------------------------------------------
+# The kernel specializations the GPU tests launch (tests/compile_ahead.py compiles them first)
+
+def _topk_static(dtype: str, values=True, idx="int32", off="int32", offset=False, idx_fill=-1,
+                 val_fill=float("-inf"), mode="topk", cand_bs=0, block_c=1) -> tuple:
+    """The static arguments every top-k kernel takes (see tilelang_ops.topk.kernel_for)."""
+    in_dtype = "float32" if dtype == "fp32" else "bfloat16"
+    return (in_dtype, idx, off, values, offset, idx_fill, val_fill, mode, cand_bs, block_c)
+
+
+def gpu_topk_launches() -> list[tuple]:
+    """(static args, b, n, itemsize, config or None) of every top-k launch of this file's GPU tests."""
+    out = [(_topk_static(c.dtype), c.b, c.n, 4 if c.dtype == "fp32" else 2, c.config) for c in ALL_GPU_CASES]
+    options = _topk_static("fp32", idx="int64", off="int64", offset=True, idx_fill=-9, val_fill=7.5)
+    out += [(options, 64, 4000, 4, None), (_topk_static("fp32", values=False), 64, 4000, 4, None),
+            (_topk_static("fp32"), 128, 131072, 4, None),  # deterministic
+            (_topk_static("fp32"), 2, 10, 4, None)]  # debug checks
+    for cand in (False, True):
+        slots = _topk_static("fp32", values=False, mode="slots", cand_bs=16 if cand else 0, block_c=64)
+        out += [(slots, 8, n, 4, config) for config, n in SLOTS_CONFIGS]
+        out.append((slots, 32, 4096, 4, None))  # test_gpu_topk_to_slots
+    return out
+
+
+def gpu_compile_jobs(props) -> list[tuple[str, str, tuple]]:
+    """(module, function, static args) of every top-k family kernel this file's GPU tests launch."""
+    from tilelang_ops.topk import kernel_for
+    from tilelang_ops.topk.launch import topk_config
+
+    jobs = []
+    for static, b, n, itemsize, config in gpu_topk_launches():
+        config = config or topk_config(b, n, itemsize, props.multi_processor_count, props.L2_cache_size)
+        factory, args = kernel_for(static, n, config)
+        jobs.append(("tilelang_ops.topk", {"row": "row_kernel", "tile": "tile_kernel", "warp": "warp_kernel"}[
+            config.kernel], args))
+    jobs += [("tilelang_ops.topk", "block_max_kernel", (bs, dt)) for dt in ("float32", "bfloat16")
+             for bs in (8, 16, 7)]
+    jobs += [("tilelang_ops.topk", "restore_kernel", (16,)), ("tilelang_ops.topk", "convert_kernel", (64,))]
+    return list(dict.fromkeys(jobs))
+
+
+H200 = SimpleNamespace(multi_processor_count=132, L2_cache_size=60 << 20)
+
+
+def test_gpu_compile_jobs_cover_the_cases():
+    import importlib
+
+    # the module object (tilelang_ops.topk as an attribute of the package may be the function)
+    tk = importlib.import_module("tilelang_ops.topk")
+    from tilelang_ops.topk.launch import topk_config
+
+    jobs = gpu_compile_jobs(H200)
+    assert len(jobs) == len(set(jobs))
+    by_factory = {}
+    for mod, fn, static in jobs:
+        assert mod == "tilelang_ops.topk" and callable(getattr(tk, fn)), (mod, fn)
+        by_factory.setdefault(fn, set()).add(static)
+    # every exact-match case, on the kernel its config (or the H200's launch rule) picks
+    for c in ALL_GPU_CASES:
+        config = c.config or topk_config(c.b, c.n, 4 if c.dtype == "fp32" else 2, 132, 60 << 20)
+        factory, static = tk.kernel_for(_topk_static(c.dtype), c.n, config)
+        assert static in by_factory[f"{config.kernel}_kernel"], c.id
+        assert factory is getattr(tk, f"{config.kernel}_kernel")
+    # all three kernels and every row-kernel knob are exercised
+    assert {"row_kernel", "tile_kernel", "warp_kernel"} <= set(by_factory)
+    row = by_factory["row_kernel"]
+    assert {s[3] for s in row} == {0, 4096, 32768} and {s[-3] for s in row} == {1, 2, 4, 8}
+    assert {s[-2] for s in row} == {256, 512, 1024} and {s[-1] for s in row} == {False, True}
+    # specializations stay bounded: cases share dtype, tier and config (the cold GPU tier compiles these)
+    assert len(jobs) <= 57

@@ -1,59 +1,49 @@
 # ruff: noqa: E501
-"""Emulate the top-k kernels on CPU (generated CUDA -> C++ with tools/fiber_emu.py, one fiber per CUDA
-thread, random scheduling at barriers / warp intrinsics) through the real wrappers, and compare bitwise
-with the vectorized twin (tested equal to the loop reference). Sets: small (row-cache tiers), mid (32768
-tier, rows > 2 * TILE), long (uncached rows), big (128K-1M rows), misc (options, offsets, strides,
-fused slots), bmax (block max, NaN payloads), adv (estimate too high / too low, candidates beyond the
-capacity, 50-way ties, k = 1, k = row). Every variant in tilelang_ops.topk.VARIANTS runs (v1, and v3 with
-its own factory topk_kernel_v3); `--variant v3` (or a comma list) picks some. `--mutate "old=>new"` patches
-the generated source once (to check that a broken kernel is caught). v3 splits rows over a cluster as the
-wrapper would on a device of `--sms` SMs (default 132, the H200: rows of b <= 33 split, the clusters taking
-at most half the SMs; `--sms 1` never splits), with at most `--max-split` CTAs per row (default
-tilelang_ops.topk.MAX_SPLIT).
+"""Emulate the top-k kernels on the CPU and compare bitwise with the vectorized twin (tested equal to the
+loop reference): the generated CUDA (lowered for sm_90a, no nvcc) runs as C++ through tools/fiber_emu.py,
+one fiber per CUDA thread with random scheduling at barriers and warp intrinsics, behind the same launch
+as the wrappers (`emu_topk`, `emu_topk_to_slots`, `emu_block_max`). Each launch runs the config the
+launch rule picks for a device of `--sms` SMs (default 132, the H200), or the case's own config.
 
-    PYTHONPATH=. .venv/bin/python tools/check_topk_emu.py [--variant v1,v3] [--seeds 0,1] [--mutate S]
-        [--sms N] [--max-split S] [--threads T] [--stream] [set ...]
+Sets: small (short tier), mid (32768 tier), long (uncached rows), big (128K-1M rows), adv (bounds too high
+/ too low, candidates beyond the capacity, 50-way ties, k = 1, k = row), misc (options, offsets, strides,
+fused slots), bmax (block max, NaN payloads), smoke (one small case of each kernel: what
+tests/test_topk.py runs). `--mutate "old=>new"` patches the generated source once (a broken kernel must
+be caught). `--threads T` / `--split S` / `--stream` replace those knobs of every row-kernel launch.
 
-`--threads T` runs v3 with T threads per CTA on every row it does not split (the wrapper picks 256 only
-for many short rows; `--sms 1` keeps every row unsplit). `--stream` builds v3's streaming-read kernel for
-every launch of uncached rows in one CTA each (the wrapper does so only for such launches that read half
-the L2 or more).
+    PYTHONPATH=. .venv/bin/python tools/check_topk_emu.py [--seeds 0,1] [--mutate S] [--sms N]
+        [--threads T] [--split S] [--stream] [set ...]
 """
 import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TILELANG_CACHE_DIR", "/tmp/tlcache")
 import torch  # noqa: E402
 
-import tilelang_ops.topk as tk  # noqa: E402
 from reference.topk import block_max_scores_ref, topk_torch  # noqa: E402
-from tests.test_topk import (  # noqa: E402
+from tilelang_ops.testing import compare_bitwise  # noqa: E402
+from tilelang_ops.testing.topk import (  # noqa: E402
     GpuCase,
-    _mode_kwargs,
     as_pairs_by_index,
     make_end,
     make_scores,
     poison_beyond_end,
     with_nan_payloads,
 )
-from tilelang_ops.build import compile_for_sm90  # noqa: E402
-from tilelang_ops.testing import compare_bitwise  # noqa: E402
+from tilelang_ops.topk import _sort_by_value, kernel_for  # noqa: E402
+from tilelang_ops.topk._host import TORCH_TO_TL, flat_scores  # noqa: E402
+from tilelang_ops.topk.elementwise import block_max_kernel  # noqa: E402
+from tilelang_ops.topk.launch import TopkConfig, topk_config  # noqa: E402
+from tilelang_ops.topk.ptx import CLUSTER_PRELUDE, STREAM_PRELUDE  # noqa: E402
 from tools.fiber_emu import EmuKernel  # noqa: E402
 
-_real_factory = tk.topk_kernel
-_real_v3 = tk.topk_kernel_v3
-_real_warp = tk.topk_kernel_warp
-_real_tile = tk.topk_kernel_tile
 ORDER = ["scores", "end", "offset", "cand", "table", "values", "indices", "n", "ld", "has_end"]
 SHAPES = {"total": ("scores", None), "nb_end": ("end", None), "nb_off": ("offset", None),
           "b": ("indices", 0), "k": ("indices", 1), "nc": ("cand", 1), "mb": ("table", 1),
           "nb_val": ("values", 0), "kv": ("values", 1)}
-_kernels = {}
-SEED = [0]
-# CUDA intrinsics v3 calls directly (shared counter add returning the old value, bitmap or, warp reductions)
 EMU_EXTRA = """inline int emu_atomicAdd(int* a, int v) { int o = *a; *a = o + v; return o; }
 inline uint emu_atomicOr(uint* a, uint v) { uint o = *a; *a = o | v; return o; }
 // warp reductions (REDUX): all 32 lanes meet at the call site, as for the shuffles
@@ -70,107 +60,153 @@ inline int __reduce_add_sync(uint, int v, int line = __builtin_LINE()) { return 
 """
 
 
-# the cluster helpers of tilelang_ops.topk.CLUSTER_PRELUDE (PTX there) on the emulator's cluster
+# the cluster helpers of tilelang_ops.topk.ptx.CLUSTER_PRELUDE (PTX there) on the emulator's cluster
 EMU_CLUSTER = """inline unsigned tl_topk_st_cluster(void* p, unsigned rank, unsigned v) { *emu_cluster_ptr((unsigned*)p, rank) = v; return 0u; }
 inline unsigned tl_topk_atomic_add_cluster(void* p, unsigned rank, unsigned v) { unsigned* q = emu_cluster_ptr((unsigned*)p, rank); unsigned o = *q; *q = o + v; return o; }
 inline unsigned tl_topk_cluster_arrive() { emu_cluster_arrive(); return 0u; }
 inline unsigned tl_topk_cluster_wait() { emu_cluster_wait(); return 0u; }
 """
-# the streaming load of tilelang_ops.topk.STREAM_PRELUDE (PTX there): a plain load
+# the streaming load of tilelang_ops.topk.ptx.STREAM_PRELUDE (PTX there): a plain load
 EMU_STREAM = """template <typename Tp> inline unsigned tl_topk_ld_stream(const Tp* p) {
   if constexpr (sizeof(Tp) == 4) { unsigned r; memcpy(&r, p, 4); return r; }
   else { unsigned short r; memcpy(&r, p, 2); return ((unsigned)r) << 16; }
 }
 """
-SMS = [132]
-L2 = [0]  # the L2 bytes the wrapper sees: 0 never streams, 1 (--stream) streams every unsplit uncached launch
-
-
 def _emu_source(src):
-    if tk.CLUSTER_PRELUDE.strip() in src:
-        src = src.replace(tk.CLUSTER_PRELUDE.strip(), EMU_CLUSTER)
-    if tk.STREAM_PRELUDE.strip() in src:
-        src = src.replace(tk.STREAM_PRELUDE.strip(), EMU_STREAM)
+    if CLUSTER_PRELUDE.strip() in src:
+        src = src.replace(CLUSTER_PRELUDE.strip(), EMU_CLUSTER)
+    if STREAM_PRELUDE.strip() in src:
+        src = src.replace(STREAM_PRELUDE.strip(), EMU_STREAM)
     src = src.replace("atomicAdd(", "emu_atomicAdd(").replace("atomicOr(", "emu_atomicOr(")
     at = src.index('extern "C" __global__')
     return src[:at] + EMU_EXTRA + src[at:]
 
 
-def fake_v3(*static):
-    return fake_factory(*static, real=_real_v3)
+def lower_source(factory, static) -> str:
+    """The CUDA source of factory(*static) for sm_90a (lowered only: no nvcc)."""
+    import tilelang
+    from tilelang import tvm
+
+    target = {"kind": "cuda", "arch": "sm_90a"}
+    func = factory.get_tir(*static)
+    with tvm.target.Target(target), tvm.transform.PassContext(config=factory.pass_configs or {}):
+        return tilelang.lower(func, target=target).kernel_source
 
 
-def fake_warp(*static):
-    key = repr(("warp",) + static)
-    if key not in _kernels:
-        src = _emu_source(compile_for_sm90(_real_warp, *static).get_kernel_source())
-        kern = EmuKernel(src, "topk", ORDER, SHAPES)
-        rpc = static[10] if len(static) > 10 else tk.WARP_ROWS
-        kern.threads = rpc * 32
-        kern.cluster = 1
-        kern.grid_of = lambda kw: -(-kw["indices"].shape[0] // rpc)
-        _kernels[key] = kern
-    k = _kernels[key]
-    k.seed = SEED[0]
-    return k
+_KERNELS = {}
 
 
-def fake_tile(*static):
-    key = repr(("tile",) + static)
-    if key not in _kernels:
-        src = _emu_source(compile_for_sm90(_real_tile, *static).get_kernel_source())
-        kern = EmuKernel(src, "topk", ORDER, SHAPES)
-        kern.threads = static[10] if len(static) > 10 else tk.THREADS
-        kern.cluster = 1
-        kern.grid_of = lambda kw: kw["indices"].shape[0]
-        _kernels[key] = kern
-    k = _kernels[key]
-    k.seed = SEED[0]
-    return k
+def topk_emu_kernel(static: tuple, n: int, config: TopkConfig, seed: int = 0) -> EmuKernel:
+    """The emulated top-k kernel of `config` for rows of n entries (static: as for kernel_for)."""
+    factory, args = kernel_for(static, n, config)
+    key = (config.kernel, args)
+    if key not in _KERNELS:
+        kern = EmuKernel(_emu_source(lower_source(factory, args)), f"topk_{config.kernel}", ORDER, SHAPES)
+        if config.kernel == "warp":
+            rpc = config.rows_per_cta
+            kern.threads, kern.cluster = rpc * 32, 1
+            kern.grid_of = lambda kw: -(-kw["indices"].shape[0] // rpc)
+        else:
+            split = config.split if config.kernel == "row" else 1
+            kern.threads, kern.cluster = config.threads, split
+            kern.grid_of = lambda kw: kw["indices"].shape[0] * split
+        _KERNELS[key] = kern
+    _KERNELS[key].seed = seed
+    return _KERNELS[key]
 
 
-def fake_factory(*static, real=None):
-    real = real or _real_factory
-    key = repr((real is _real_v3,) + static)
-    if key not in _kernels:
-        src = _emu_source(compile_for_sm90(real, *static).get_kernel_source())
-        kern = EmuKernel(src, "topk", ORDER, SHAPES)
-        split = static[11] if real is _real_v3 and len(static) > 11 else 1
-        kern.threads = static[12] if real is _real_v3 and len(static) > 12 else tk.THREADS
-        kern.cluster = split
-        kern.grid_of = lambda kw: kw["indices"].shape[0] * split
-        _kernels[key] = kern
-    k = _kernels[key]
-    k.seed = SEED[0]
-    return k
+def _zeros(dtype, shape=(1,)):
+    return torch.zeros(shape, dtype=dtype)
 
 
-tk.topk_kernel = fake_factory
-tk.topk_kernel_v3 = fake_v3
-tk.topk_kernel_warp = fake_warp
-tk.topk_kernel_tile = fake_tile
-tk.check_cuda = lambda **kw: torch.device("cpu")
-tk._sm_count = lambda device: SMS[0]
-tk._l2_bytes = lambda device: L2[0]
+def emu_topk(x, k, *, end=None, sorted=False, indices_type=torch.int32, idx_oob_fill_value=-1,
+             value_oob_fill_value=float("-inf"), output_idx_offset=None, return_value=True, config, seed=0,
+             sorted_index=False):
+    """tilelang_ops.topk.topk on the emulator (CPU tensors): the wrapper's launch with `config`."""
+    b, n = x.shape
+    need_values = return_value or sorted
+    values = torch.empty((b, k), dtype=x.dtype) if need_values else None
+    indices = torch.empty((b, k), dtype=indices_type)
+    off_dtype = output_idx_offset.dtype if output_idx_offset is not None else torch.int32
+    static = (TORCH_TO_TL[x.dtype], TORCH_TO_TL[indices_type], TORCH_TO_TL[off_dtype], need_values,
+              output_idx_offset is not None, int(idx_oob_fill_value), float(value_oob_fill_value), "topk", 0, 1)
+    flat, ld = flat_scores(x)
+    topk_emu_kernel(static, n, config, seed)(
+        flat.contiguous(), end if end is not None else _zeros(torch.int32),
+        output_idx_offset if output_idx_offset is not None else _zeros(off_dtype),
+        _zeros(torch.int32, (b, 1)), _zeros(torch.int32, (b, 1)),
+        values if need_values else _zeros(x.dtype, (1, 1)), indices, n, ld, int(end is not None))
+    if sorted:
+        values, indices = _sort_by_value(values, indices, end, n, k)
+    return (values if return_value else None), indices
 
 
-def run_case(case, variant, seed):
-    tk.TOPK_VARIANT = variant
-    SEED[0] = seed
+def emu_topk_to_slots(x, k, *, end=None, candidate_blocks=None, candidate_block_size=None, block_size_c,
+                      block_tables, config, seed=0):
+    """tilelang_ops.topk.topk_to_slots on the emulator (CPU tensors): the wrapper's launch with `config`."""
+    b, n = x.shape
+    slots = torch.empty((b, k), dtype=torch.int32)
+    static = (TORCH_TO_TL[x.dtype], "int32", "int32", False, False, -1, float("-inf"), "slots",
+              candidate_block_size or 0, block_size_c)
+    flat, ld = flat_scores(x)
+    cand = candidate_blocks if candidate_blocks is not None else _zeros(torch.int32, (b, 1))
+    topk_emu_kernel(static, n, config, seed)(
+        flat.contiguous(), end if end is not None else _zeros(torch.int32), _zeros(torch.int32), cand,
+        block_tables, _zeros(x.dtype, (1, 1)), slots, n, ld, int(end is not None))
+    return slots
+
+
+_BMAX = {}
+
+
+def emu_block_max(x, block_size, end=None):
+    """tilelang_ops.topk.block_max_scores on the emulator (CPU tensors)."""
+    key = (block_size, TORCH_TO_TL[x.dtype])
+    if key not in _BMAX:
+        src = lower_source(block_max_kernel, key)
+        kern = EmuKernel(src, f"bmax{block_size}{key[1]}", ["scores", "end", "out", "n", "ld", "has_end"],
+                         {"total": ("scores", None), "nb_end": ("end", None), "b": ("out", 0),
+                          "nblk": ("out", 1)})
+        kern.threads = 256
+        kern.grid_of = lambda kw: ((kw["out"].shape[1] + 255) // 256, kw["out"].shape[0])
+        _BMAX[key] = kern
+    b, n = x.shape
+    out = torch.empty((b, -(-n // block_size)), dtype=x.dtype)
+    flat, ld = flat_scores(x)
+    _BMAX[key](flat.contiguous(), end if end is not None else _zeros(torch.int32), out, n, ld,
+               int(end is not None))
+    return out
+
+
+# the launch rule's device, and knobs that replace the rule's choice (command line)
+DEVICE = {"sms": 132, "l2": 60 << 20}
+OVERRIDE = {}
+
+
+def config_of(case) -> TopkConfig:
+    """The case's config, else the launch rule's for DEVICE (with OVERRIDE's knobs on row launches)."""
+    if case.config is not None:
+        return case.config
+    config = topk_config(case.b, case.n, 4 if case.dtype == "fp32" else 2, DEVICE["sms"], DEVICE["l2"])
+    if config.kernel == "row" and OVERRIDE:
+        config = replace(config, **OVERRIDE)
+    return config
+
+
+def run_case(case, seed=0):
+    """(indices, values) comparisons of one case on the emulator against the twin."""
     dtype = torch.float32 if case.dtype == "fp32" else torch.bfloat16
     x = make_scores(case.dist, case.b, case.n, dtype)
     end = make_end(case.ends, case.b, case.n, case.k)
     if end is not None:
         x = poison_beyond_end(x, end)
-    kw = dict(end=end, **_mode_kwargs(case.mode))
-    v, i = tk.topk(x, case.k, **kw)
+    kw = dict(end=end, sorted=case.mode == "sorted", sorted_index=case.mode == "sorted_index")
+    v, i = emu_topk(x, case.k, **kw, config=config_of(case), seed=seed)
     rv, ri = topk_torch(x, case.k, **kw)
     if case.mode == "any":
         v, i = as_pairs_by_index(v, i)
         rv, ri = as_pairs_by_index(rv, ri)
-    c1 = compare_bitwise("indices", i, ri)
-    c2 = compare_bitwise("values", v, rv)
-    return c1, c2
+    return compare_bitwise("indices", i, ri), compare_bitwise("values", v, rv)
 
 
 SETS = {
@@ -184,7 +220,7 @@ SETS = {
         GpuCase("special", 2, 200000, 3000, "random", "bf16"), GpuCase("randn", 6, 2048, 64, "random"),
         GpuCase("randn", 2, 4097, 4096, "random"), GpuCase("few", 16, 100, 8, "random", mode="sorted_index"),
     ],
-    "mid": [  # 32768 tier, rows > 2 * TILE: v1 caches the row, v3 samples and compacts candidates
+    "mid": [  # 32768 tier, rows > 2 * TILE: sampled, candidates compacted
         GpuCase("randn", 3, 32768, 2048, "random"), GpuCase("conc", 2, 20000, 2048),
         GpuCase("few", 2, 32768, 2048), GpuCase("equal", 1, 32768, 2048, "random"),
         GpuCase("sorted", 2, 32768, 2048), GpuCase("ascending", 1, 30000, 4096, mode="sorted"),
@@ -200,14 +236,14 @@ SETS = {
         GpuCase("ascending", 2, 5000, 300, "random", mode="sorted_index"),
         GpuCase("sorted", 2, 20000, 1000, "random"),
     ],
-    "long": [  # cache_cap == 0 path (n > 32768): sampling, spec compaction, re-read compaction
+    "long": [  # uncached rows (n > 32768): sampling, compaction, re-read compaction
         GpuCase("randn", 2, 65536, 2048, "random"), GpuCase("conc", 1, 40000, 2048),
         GpuCase("few", 1, 40000, 2048), GpuCase("equal", 1, 40000, 2048),
         GpuCase("sorted", 1, 65536, 2048), GpuCase("ascending", 1, 40000, 4096, mode="sorted"),
         GpuCase("special", 2, 50000, 3000, "random", "bf16"), GpuCase("tiny", 1, 70000, 4096),
         GpuCase("randn", 2, 40000, 100, "short"),
     ],
-    "adv": [  # against the sampled estimate and the candidate capacity (v3's fallbacks), ties, small k / rows
+    "adv": [  # against the sampled estimate and the candidate capacity (the row kernel's fallbacks), ties, small k / rows
         GpuCase("pairs", 16, 8192, 512, "random"), GpuCase("pairs", 2, 32768, 2048),
         GpuCase("pairs", 1, 131072, 2048, "random", "bf16"),
         GpuCase("sampled", 2, 65536, 2048), GpuCase("unsampled", 2, 65536, 2048),
@@ -216,7 +252,7 @@ SETS = {
         GpuCase("equal", 2, 50000, 1), GpuCase("equal", 2, 4096, 4096, "random", mode="sorted"),
         GpuCase("randn", 2, 8192, 512), GpuCase("few", 2, 8192, 512, "random"),
         GpuCase("special", 2, 9000, 4096, "random", "bf16"), GpuCase("unsampled", 1, 1 << 18, 4096, "random"),
-        # v3's one-tile rows (keys in registers, 12-bit radix passes over them)
+        # one-tile rows (keys in registers, 12-bit radix passes over them)
         GpuCase("special", 3, 8192, 1000, "random", "bf16"), GpuCase("ties50", 2, 8192, 300, "random", mode="sorted_index"),
         GpuCase("ascending", 2, 8192, 4095, "random", mode="sorted"), GpuCase("tiny", 2, 8192, 2, "random"),
         # the k-th largest far above the sample (the pre-binned list's last bin) or below the outliers
@@ -226,11 +262,9 @@ SETS = {
 }
 
 
-def misc(variant, seed=0):
+def misc(seed=0):
     """Options, fills, offsets, non-contiguous rows and the fused slots path (both modes)."""
-    from reference.topk import convert_kv_index_ref_, restore_candidate_indices_ref_
-    tk.TOPK_VARIANT = variant
-    SEED[0] = seed
+
     out = []
     base = make_scores("few", 6, 5000)
     x = base[:, 7:4007]
@@ -238,118 +272,109 @@ def misc(variant, seed=0):
     off = torch.arange(6, dtype=torch.int64) * 100000
     kw = dict(end=end, indices_type=torch.int64, idx_oob_fill_value=-9, value_oob_fill_value=7.5,
               output_idx_offset=off, sorted_index=True)
-    v, i = tk.topk(x, 300, **kw)
+    v, i = emu_topk(x, 300, **kw, config=config_of(GpuCase("few", 6, 4000, 300)), seed=seed)
     rv, ri = topk_torch(x.contiguous(), 300, **kw)
     out += [compare_bitwise("opt indices", i, ri), compare_bitwise("opt values", v, rv)]
-    # long non-contiguous rows with offsets (cache_cap 0)
+    # long non-contiguous rows with offsets (the uncached tier)
     base = make_scores("randn", 3, 50000)
     x = base[:, 3:45003]
     end = make_end("random", 3, 45000, 2048)
     off = torch.arange(3, dtype=torch.int32) * 7
     kw = dict(end=end, output_idx_offset=off, sorted=True)
-    v, i = tk.topk(x, 2048, **kw)
+    v, i = emu_topk(x, 2048, **kw, config=config_of(GpuCase("randn", 3, 45000, 2048)), seed=seed)
     rv, ri = topk_torch(x.contiguous(), 2048, **kw)
     out += [compare_bitwise("long indices", i, ri), compare_bitwise("long values", v, rv)]
     for with_c, (dist, n, k) in ((False, ("randn", 40000, 2048)), (True, ("few", 4096, 512)),
                                  (True, ("randn", 30000, 2048)), (False, ("conc", 32768, 2048)),
                                  (False, ("special", 4096, 512))):
-        b, bs, bc, mb = 3, 16, 64, 1000
-        x = make_scores(dist, b, n)
-        end = make_end("random", b, n, k)
-        x = poison_beyond_end(x, end)
-        table = torch.randint(0, 100000, (b, mb), dtype=torch.int32)
-        blocks = torch.stack([torch.randperm(mb * bc // bs)[: n // bs] for _ in range(b)]).to(
-            torch.int32) if with_c else None
-        got = tk.topk_to_slots(x, k, end=end, candidate_blocks=blocks, candidate_block_size=bs if with_c else None,
-                               block_size_c=bc, block_tables=table)
-        _, idx = topk_torch(x, k, end=end)
-        if with_c:
-            restore_candidate_indices_ref_(idx, blocks, bs)
-        want = convert_kv_index_ref_(idx.reshape(b, 1, k), bc, end.clamp(max=k).reshape(b, 1), table).reshape(b, k)
-        out.append(compare_bitwise(f"slots {dist} cand={with_c}", got, want))
+        out.append(slots_case(dist, 3, n, k, with_c, config_of(GpuCase(dist, 3, n, k)), seed))
     return out
 
 
-_real_bmax = tk.block_max_kernel
-_bmax_cache = {}
+def slots_case(dist, b, n, k, with_c, config, seed=0):
+    """The fused slots path on the emulator against the twin's top-k and the loop restore / convert."""
+    from reference.topk import convert_kv_index_ref_, restore_candidate_indices_ref_
+
+    bs, bc, mb = 16, 64, 1000
+    g = torch.Generator().manual_seed(seed)
+    x = make_scores(dist, b, n)
+    end = make_end("random", b, n, k)
+    x = poison_beyond_end(x, end)
+    table = torch.randint(0, 100000, (b, mb), dtype=torch.int32, generator=g)
+    blocks = torch.stack([torch.randperm(mb * bc // bs, generator=g)[: n // bs] for _ in range(b)]).to(
+        torch.int32) if with_c else None
+    got = emu_topk_to_slots(x, k, end=end, candidate_blocks=blocks, candidate_block_size=bs if with_c else None,
+                            block_size_c=bc, block_tables=table, config=config, seed=seed)
+    _, idx = topk_torch(x, k, end=end)
+    if with_c:
+        restore_candidate_indices_ref_(idx, blocks, bs)
+    want = convert_kv_index_ref_(idx.reshape(b, 1, k), bc, end.clamp(max=k).reshape(b, 1), table).reshape(b, k)
+    return compare_bitwise(f"slots {dist} n{n} cand={with_c} {config}", got, want)
 
 
-def fake_bmax(block_size, dt):
-    key = (block_size, dt)
-    if key not in _bmax_cache:
-        src = compile_for_sm90(_real_bmax, block_size, dt).get_kernel_source()
-        k = EmuKernel(src, f"bmax{block_size}{dt}", ["scores", "end", "out", "n", "ld", "has_end"],
-                      {"total": ("scores", None), "nb_end": ("end", None), "b": ("out", 0), "nblk": ("out", 1)})
-        k.threads = 256
-        k.grid_of = lambda kw: ((kw["out"].shape[1] + 255) // 256, kw["out"].shape[0])
-        _bmax_cache[key] = k
-    return _bmax_cache[key]
-
-
-tk.block_max_kernel = fake_bmax
-
-
-def bmax():
-    out = []
-    for dtype in (torch.float32, torch.bfloat16):
-        for dist in ("randn", "special", "equal"):
-            x = make_scores(dist, 7, 1000, dtype)
-            end = make_end("random", 7, 1000, 0)
-            end[1] = 0
-            x = with_nan_payloads(poison_beyond_end(x, end), step=37)
-            for bs in (8, 16, 7):
-                out.append(compare_bitwise(f"block_max {dtype} {dist} bs{bs}", tk.block_max_scores(x, bs, end),
-                                           block_max_scores_ref(x, bs, end)))
-            out.append(compare_bitwise(f"block_max full {dtype} {dist}", tk.block_max_scores(x, 16),
-                                       block_max_scores_ref(x, 16)))
+def bmax_case(dtype, dist, b=7, n=1000, block_sizes=(8, 16, 7)):
+    x = make_scores(dist, b, n, dtype)
+    end = make_end("random", b, n, 0)
+    end[1] = 0
+    x = with_nan_payloads(poison_beyond_end(x, end), step=37)
+    out = [compare_bitwise(f"block_max {dtype} {dist} bs{bs}", emu_block_max(x, bs, end),
+                           block_max_scores_ref(x, bs, end)) for bs in block_sizes]
+    out.append(compare_bitwise(f"block_max full {dtype} {dist}", emu_block_max(x, 16), block_max_scores_ref(x, 16)))
     return out
+
+
+def bmax(seed=0):
+    return [c for dtype in (torch.float32, torch.bfloat16) for dist in ("randn", "special", "equal")
+            for c in bmax_case(dtype, dist)]
+
+
+# One small case of each kernel (tests/test_topk.py runs them): the row kernel sampling a 32768-tier row on
+# 256 threads and on a cluster of 2, the tile kernel, the warp kernel, the fused slots path, block max.
+SMOKE = [
+    GpuCase("ties50", 2, 9000, 300, "random", config=TopkConfig(threads=256)),
+    GpuCase("pairs", 2, 9000, 300, "random", mode="sorted", config=TopkConfig(split=2)),
+    GpuCase("special", 3, 1500, 200, "random", "bf16", "sorted_index", config=TopkConfig("tile", 256)),
+    GpuCase("few", 6, 300, 40, "random", config=TopkConfig("warp")),
+]
+
+
+def smoke(seed=0):
+    out = [c for case in SMOKE for c in run_case(case, seed)]
+    out.append(slots_case("randn", 2, 3000, 100, True, TopkConfig("tile", 256, unroll=16), seed))
+    return out + bmax_case(torch.bfloat16, "special", b=3, n=200, block_sizes=(16,))
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("sets", nargs="*", default=["small", "mid", "long", "misc", "bmax"])
-    ap.add_argument("--variant", default=",".join(tk.VARIANTS), help="comma-separated variants")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--mutate", default=None)
     ap.add_argument("--sms", type=int, default=132)
-    ap.add_argument("--max-split", type=int, default=tk.MAX_SPLIT)
-    ap.add_argument("--stream", action="store_true", help="v3's streaming reads on every launch of "
-                    "uncached rows in one CTA each (the wrapper: such launches of half the L2 or more)")
-    ap.add_argument("--threads", type=int, default=0, help="v3's threads per CTA on every unsplit row "
-                    "(default: the wrapper's choice)")
+    ap.add_argument("--stream", action="store_true", help="streaming reads on every row-kernel launch")
+    ap.add_argument("--threads", type=int, default=0, help="threads per CTA of every row-kernel launch")
+    ap.add_argument("--split", type=int, default=0, help="CTAs per row of every row-kernel launch")
     a = ap.parse_args()
-    SMS[0] = a.sms
-    L2[0] = 1 if a.stream else 0
-    tk.MAX_SPLIT = a.max_split
-    if a.threads:
-        tk._v3_threads = lambda b, n, cache_cap, sms: a.threads
+    DEVICE["sms"] = a.sms
+    OVERRIDE.update({k: v for k, v in (("stream", a.stream), ("threads", a.threads), ("split", a.split)) if v})
     if a.mutate:
         os.environ["EMU_MUTATE"] = a.mutate
-    seeds = [int(s) for s in a.seeds.split(",")]
-    variants = a.variant.split(",")
-    unknown = [v for v in variants if v not in tk.VARIANTS]
-    if unknown:
-        ap.error(f"unknown variant(s) {unknown}; choose from {tk.VARIANTS}")
     bad = 0
-    for variant in variants:
-        for which in a.sets:
-            for seed in seeds:
-                if which == "bmax" and variant != variants[0]:
-                    continue  # block max has no variants
-                if which in ("misc", "bmax"):
-                    t = time.time()
-                    res = misc(variant, seed) if which == "misc" else bmax()
-                    fails = [c.message() for c in res if not c.passed]
-                    bad += len(fails)
-                    print(f"{variant} {which} seed{seed}: {'OK' if not fails else 'FAIL'} {time.time() - t:.1f}s {fails}", flush=True)
-                    continue
-                for case in SETS[which]:
-                    t = time.time()
-                    c1, c2 = run_case(case, variant, seed)
-                    ok = c1.passed and c2.passed
-                    bad += not ok
-                    msg = "" if ok else " ".join(c.message() for c in (c1, c2) if not c.passed)
-                    print(f"{variant} {case.id} seed{seed}: {'OK' if ok else 'FAIL'} {time.time() - t:.1f}s {msg}", flush=True)
+    for which in a.sets:
+        for seed in [int(s) for s in a.seeds.split(",")]:
+            if which in ("misc", "bmax", "smoke"):
+                t = time.time()
+                res = {"misc": misc, "bmax": bmax, "smoke": smoke}[which](seed)
+                fails = [c.message() for c in res if not c.passed]
+                bad += len(fails)
+                print(f"{which} seed{seed}: {'OK' if not fails else 'FAIL'} {time.time() - t:.1f}s {fails}", flush=True)
+                continue
+            for case in SETS[which]:
+                t = time.time()
+                c1, c2 = run_case(case, seed)
+                ok = c1.passed and c2.passed
+                bad += not ok
+                msg = "" if ok else " ".join(c.message() for c in (c1, c2) if not c.passed)
+                print(f"{case.id} seed{seed}: {'OK' if ok else 'FAIL'} {time.time() - t:.1f}s {msg}", flush=True)
     print("FAILURES", bad)
     return 1 if bad else 0
 

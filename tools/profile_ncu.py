@@ -47,7 +47,7 @@ def _compress_store_decode(batch, q, variant=None):
 
 
 def _topk(b, n, k, dist="randn"):
-    from tests.test_topk import make_scores
+    from tilelang_ops.testing.topk import make_scores
     from tilelang_ops.topk import topk
 
     x = make_scores(dist, b, n, device="cuda")

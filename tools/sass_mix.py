@@ -12,7 +12,7 @@ Needs a cuobjdump: $CUOBJDUMP, one on PATH, or the one Triton's wheel carries (n
 
     PYTHONPATH=. python tools/sass_mix.py topk:64x8192 topk:128x131072 kv_store:fp4_index [--out DIR]
 
-Cases: topk:BxN (FP32 scores, topk(x, k, return_value=False), the launch v3 picks for B rows of N on the
+Cases: topk:BxN (FP32 scores, topk(x, k, return_value=False), the launch rule's config for B rows of N on the
 H200: 132 SMs, a 60 MiB L2), kv_store:FORMAT[:ROWS] (the benchmark's launch, default 1M rows).
 """
 
@@ -32,16 +32,15 @@ H200_SMS, H200_L2 = 132, 60 << 20
 
 
 def kernel_args(case: str) -> tuple:
-    """(module, factory name, static arguments) of a case."""
+    """(factory, static arguments) of a case."""
     op, spec = case.split(":", 1)
     if op == "topk":
-        import tilelang_ops.topk as tk
+        from tilelang_ops.topk import kernel_for
+        from tilelang_ops.topk.launch import topk_config
 
         b, n = (int(v) for v in spec.split("x"))
-        static = ("float32", "int32", "int32", tk._cache_cap(n), False, False, -1, float("-inf"), "topk", 0,
-                  1)
-        name, args = tk._jit_args(*static, "v3", **tk._v3_launch(b, n, H200_SMS, 4, H200_L2))
-        return tk, name, args
+        static = ("float32", "int32", "int32", False, False, -1, float("-inf"), "topk", 0, 1)
+        return kernel_for(static, n, topk_config(b, n, 4, H200_SMS, H200_L2))
     if op == "kv_store":
         import tilelang_ops.kv_store as K
         from benchmarks.bench_kv_store import FORMATS, ROWS_PER_BLOCK
@@ -49,8 +48,8 @@ def kernel_args(case: str) -> tuple:
         fmt_name, _, rows = spec.partition(":")
         fmt, hadamard = next((f, h) for f, h in FORMATS if f.name == fmt_name)
         config = K.launch_config(fmt, int(rows or 1 << 20))
-        return K, "kv_store_kernel", K.static_args(fmt, 64, True, hadamard, False, ROWS_PER_BLOCK, "bfloat16",
-                                                   "int64", "int64", config)
+        return K.kv_store_kernel, K.static_args(fmt, 64, True, hadamard, False, ROWS_PER_BLOCK, "bfloat16",
+                                                "int64", "int64", config)
     raise ValueError(f"unknown case {case!r} (topk:BxN or kv_store:FORMAT[:ROWS])")
 
 
@@ -68,8 +67,8 @@ def sass_of(case: str, out: str) -> str:
 
     from tilelang_ops.build import compile_for_sm90
 
-    mod, name, args = kernel_args(case)
-    src = compile_for_sm90(getattr(mod, name), *args).get_kernel_source()
+    factory, args = kernel_args(case)
+    src = compile_for_sm90(factory, *args).get_kernel_source()
     stem = os.path.join(out, re.sub(r"[^A-Za-z0-9_]+", "_", case))
     with open(stem + ".cu", "w") as f:
         f.write(src)

@@ -35,7 +35,7 @@ CASES = list(_CASES)
 
 def _inputs(case_id, device):
     check_choice("case_id", case_id, _CASES)
-    from tests.test_topk import make_end, make_scores, poison_beyond_end
+    from tilelang_ops.testing.topk import make_end, make_scores, poison_beyond_end
 
     dist, b, n, k, ends, dtype, mode = _CASES[case_id]
     x = make_scores(dist, b, n, dtype, seed=sum(map(ord, case_id)))
@@ -66,7 +66,7 @@ def self_check(case_id: str):
     """Loop reference vs vectorized twin on CPU (top-k cases); invariants for the others."""
     mode, k, x, end, table, blocks = _inputs(case_id, "cpu")
     if mode == "blockmax":
-        from tests.test_topk import block_max_by_amax, canonical_nans
+        from tilelang_ops.testing.topk import block_max_by_amax, canonical_nans
 
         out = block_max_scores_ref(x, k, end)
         return [compare_bitwise("block_max vs amax", canonical_nans(out), block_max_by_amax(x, k, end))]

@@ -1,0 +1,194 @@
+"""Index-score selection (SPEC 1.6): exact top-k, block maxima, candidate restore, logical-row ->
+physical-slot conversion, and the fused scores -> slots path.
+
+Top-k is exact and deterministic: scores map to order-preserving uint32 keys (fp32 bits; bf16 widened
+exactly; -0.0 folded onto +0.0 and every NaN onto 0xFFFFFFFF, so NaN ranks highest as in torch.topk; the
+key of `reference.topk.order_key`), a radix select finds the k-th largest key, and an ordered pass gives
+ties to the lower index and writes the lanes in **ascending index order** (unsorted and ``sorted_index``
+are the same thing here); ``sorted=True`` sorts the k lanes afterwards with a stable torch sort on the same
+key. Lanes [min(k, end), k) get the fills; `end` is clamped to [0, n] in the kernels so a bad `end` can
+never read outside the row (the value check runs under TILELANG_OPS_DEBUG=1).
+
+Three kernels, one per algorithm, chosen by `launch.topk_config` (or passed as ``config=``): `row` (any row
+length: a sampled bound, one compacting read, radix passes on the short list; long rows of few-row
+launches split over a cluster), `tile` (rows of one tile, keys in registers) and `warp` (many short rows,
+one warp a row).
+"""
+
+import torch
+
+from metadata.checks import check_cuda, debug_checks_enabled
+from metadata.topk_args import check_end_values, check_topk_args, check_topk_to_slots_args
+from tilelang_ops.topk._host import TORCH_TO_TL, dummy, flat_scores
+from tilelang_ops.topk.elementwise import (
+    block_max_kernel,
+    block_max_scores,
+    convert_kernel,
+    convert_kv_index_,
+    restore_candidate_indices_,
+    restore_kernel,
+)
+from tilelang_ops.topk.launch import TopkConfig, cache_tier, default_config
+from tilelang_ops.topk.row import row_kernel
+from tilelang_ops.topk.tile import tile_kernel
+from tilelang_ops.topk.warp import warp_kernel
+
+__all__ = ["TopkConfig", "block_max_scores", "convert_kv_index_", "restore_candidate_indices_", "topk",
+           "topk_to_slots"]
+
+
+def kernel_for(static: tuple, n: int, config: TopkConfig):
+    """(factory, static arguments) of the top-k kernel of `config` for rows of n entries. static: (in
+    dtype, index dtype, offset dtype, with_values, with_offset, idx_fill, val_fill, mode, cand_bs,
+    block_c), the arguments every kernel takes."""
+    config.check_row_length(n)
+    if config.kernel == "warp":
+        return warp_kernel, static + (config.rows_per_cta,)
+    if config.kernel == "tile":
+        return tile_kernel, static + (config.threads, config.unroll)
+    return row_kernel, static[:3] + (cache_tier(n),) + static[3:] + (config.split, config.threads,
+                                                                      config.stream)
+
+
+def topk(scores, k, *, end=None, sorted=False, sorted_index=False, indices_type=torch.int32,
+         idx_oob_fill_value=-1, value_oob_fill_value=float("-inf"), output_idx_offset=None,
+         return_value=True, config: TopkConfig | None = None):
+    """Per row: the min(k, end) best of scores[row, :end] (NaN highest, ties to lower index).
+
+    scores: [b, n] fp32/bf16 (unit column stride); end: [b] int32; output_idx_offset: [b] int32/int64.
+    Returns (values [b, k] or None, indices [b, k] indices_type); unsorted output is ascending index.
+    config: the launch (default: `launch.topk_config` for this shape and device).
+    """
+    b, n = check_topk_args(scores, k, end, sorted=sorted, sorted_index=sorted_index,
+                           indices_type=indices_type, output_idx_offset=output_idx_offset,
+                           return_value=return_value)
+    dev = check_cuda(scores=scores, end=end, output_idx_offset=output_idx_offset)
+    if debug_checks_enabled():
+        check_end_values(end, n)
+    need_values = return_value or sorted
+    end = end.contiguous() if end is not None else None  # the kernel reads them with unit stride
+    output_idx_offset = output_idx_offset.contiguous() if output_idx_offset is not None else None
+    values = torch.empty((b, k), dtype=scores.dtype, device=dev) if need_values else None
+    indices = torch.empty((b, k), dtype=indices_type, device=dev)
+    if b == 0:
+        return (values if return_value else None), indices
+    flat, ld = flat_scores(scores)
+    off_dtype = output_idx_offset.dtype if output_idx_offset is not None else torch.int32
+    config = config or default_config(b, n, scores.element_size(), dev)
+    static = (TORCH_TO_TL[scores.dtype], TORCH_TO_TL[indices_type], TORCH_TO_TL[off_dtype], need_values,
+              output_idx_offset is not None, int(idx_oob_fill_value), float(value_oob_fill_value), "topk", 0,
+              1)
+    factory, static = kernel_for(static, n, config)
+    kern = factory(*static)
+    kern(flat, end if end is not None else dummy(dev, torch.int32),
+         output_idx_offset if output_idx_offset is not None else dummy(dev, off_dtype),
+         dummy(dev, torch.int32, (b, 1)), dummy(dev, torch.int32, (b, 1)),
+         values if need_values else dummy(dev, scores.dtype, (1, 1)), indices,
+         n, ld, int(end is not None))
+    if sorted:
+        values, indices = _sort_by_value(values, indices, end, n, k)
+    return (values if return_value else None), indices
+
+
+def _sort_by_value(values, indices, end, n, k):
+    """Stable descending sort of the (ascending-index) k lanes on the order key: ties keep the lower
+    index first, fills (beyond the valid count) stay last."""
+    from reference.topk import order_key
+
+    b = values.shape[0]
+    ends = torch.full((b,), n, device=values.device) if end is None else end.long().clamp(0, n)
+    valid = torch.arange(k, device=values.device)[None, :] < ends.clamp(max=k)[:, None]
+    key = torch.where(valid, order_key(values), torch.full_like(indices, -1, dtype=torch.int64))
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices
+    return values.gather(1, order), indices.gather(1, order)
+
+
+def topk_to_slots(scores, k, *, end=None, candidate_blocks=None, candidate_block_size=None,
+                  block_size_c, block_tables, config: TopkConfig | None = None):
+    """One launch: topk indices (ascending local index) -> candidate restore (optional) -> slots,
+    slot(j) = block_tables[r, j // Bc] * Bc + j % Bc; lanes beyond min(k, end) are -1.
+
+    scores: [b, n] fp32/bf16 (compact candidate rows when candidate_blocks is given); end: [b] int32;
+    candidate_blocks: [b, c] int32; block_tables: [b, max_blocks] int32. Returns slots [b, k] int32.
+    A row or block the table cannot resolve gives -1 (TILELANG_OPS_DEBUG=1 raises instead).
+    config: the launch (default: `launch.topk_config` for this shape and device).
+    """
+    b, n = check_topk_to_slots_args(scores, k, end, candidate_blocks, candidate_block_size,
+                                    block_size_c, block_tables)
+    dev = check_cuda(scores=scores, end=end, candidate_blocks=candidate_blocks, block_tables=block_tables)
+    if debug_checks_enabled():
+        from reference.topk import topk_to_slots_ref
+
+        # the reference runs every value check (end range, candidate range, table range)
+        topk_to_slots_ref(scores, k, end=end, candidate_blocks=candidate_blocks,
+                          candidate_block_size=candidate_block_size, block_size_c=block_size_c,
+                          block_tables=block_tables)
+    slots = torch.empty((b, k), dtype=torch.int32, device=dev)
+    end = end.contiguous() if end is not None else None
+    if b == 0:
+        return slots
+    flat, ld = flat_scores(scores)
+    cand_bs = candidate_block_size or 0
+    config = config or default_config(b, n, scores.element_size(), dev)
+    static = (TORCH_TO_TL[scores.dtype], "int32", "int32", False, False, -1, float("-inf"), "slots", cand_bs,
+              block_size_c)
+    factory, static = kernel_for(static, n, config)
+    kern = factory(*static)
+    cand = candidate_blocks if candidate_blocks is not None else dummy(dev, torch.int32, (b, 1))
+    kern(flat, end if end is not None else dummy(dev, torch.int32), dummy(dev, torch.int32), cand,
+         block_tables, dummy(dev, scores.dtype, (1, 1)), slots, n, ld, int(end is not None))
+    return slots
+
+
+_TOPK = ("float32", "int32", "int32", True, False, -1, float("-inf"), "topk", 0, 1)
+_BF16_OFF = ("bfloat16", "int64", "int64", True, True, -1, float("-inf"), "topk", 0, 1)
+_IDX_ONLY = ("float32", "int32", "int32", False, False, -5, 0.0, "topk", 0, 1)
+_SLOTS_CAND = ("float32", "int32", "int32", False, False, -1, float("-inf"), "slots", 16, 64)
+_SLOTS_BF16 = ("bfloat16", "int32", "int32", False, False, -1, float("-inf"), "slots", 0, 64)
+# (name, static arguments, row length, config): every code path of the three kernels
+_BUILD = [
+    ("topk fp32 uncached", _TOPK, 65536, TopkConfig()),
+    ("topk fp32 cache32768", _TOPK, 32768, TopkConfig()),
+    ("topk bf16 int64+offset cache4096", _BF16_OFF, 4096, TopkConfig()),
+    ("topk fp32 indices-only fills", _IDX_ONLY, 32768, TopkConfig()),
+    ("topk_to_slots fp32 cand16 Bc64", _SLOTS_CAND, 65536, TopkConfig()),
+    ("topk_to_slots bf16 Bc64 cache4096", _SLOTS_BF16, 4096, TopkConfig()),
+    ("topk fp32 cache32768 split2", _TOPK, 32768, TopkConfig(split=2)),
+    ("topk fp32 uncached split8", _TOPK, 65536, TopkConfig(split=8)),
+    ("topk_to_slots fp32 cand16 Bc64 split4", _SLOTS_CAND, 65536, TopkConfig(split=4)),
+    ("topk fp32 uncached stream", _TOPK, 65536, TopkConfig(stream=True)),
+    ("topk bf16 int64+offset cache4096 threads256", _BF16_OFF, 4096, TopkConfig(threads=256)),
+    ("topk fp32 cache32768 threads512", _TOPK, 32768, TopkConfig(threads=512)),
+    ("topk warp fp32", _TOPK, 1024, TopkConfig("warp")),
+    ("topk warp bf16 int64+offset", _BF16_OFF, 1024, TopkConfig("warp")),
+    ("topk_to_slots warp fp32 cand16 Bc64", _SLOTS_CAND, 1024, TopkConfig("warp")),
+    ("topk tile fp32", _TOPK, 8192, TopkConfig("tile")),
+    ("topk tile bf16 int64+offset", _BF16_OFF, 8192, TopkConfig("tile")),
+    ("topk_to_slots tile fp32 cand16 Bc64", _SLOTS_CAND, 8192, TopkConfig("tile")),
+    ("topk tile256x16 bf16 int64+offset", _BF16_OFF, 4096, TopkConfig("tile", 256, unroll=16)),
+]
+QUICK_BUILD = ("topk fp32 uncached split8", "topk fp32 uncached stream", "topk bf16 int64+offset cache4096",
+               "topk_to_slots fp32 cand16 Bc64", "topk fp32 cache32768 split2",
+               "topk fp32 cache32768 threads512", "topk warp bf16", "topk tile bf16", "topk tile256x16",
+               "block_max", "restore", "convert")
+
+
+def build_configs() -> list[tuple]:
+    """(name, factory, static arguments) of every kernel configuration the build check compiles."""
+    configs = [(name, *kernel_for(static, n, config)) for name, static, n, config in _BUILD]
+    return configs + [
+        ("block_max bs16 fp32", block_max_kernel, (16, "float32")),
+        ("block_max bs8 bf16", block_max_kernel, (8, "bfloat16")),
+        ("restore bs16", restore_kernel, (16,)),
+        ("convert Bc64", convert_kernel, (64,)),
+    ]
+
+
+def build_all(quick: bool = False, workers: int | None = None) -> list[str]:
+    """Compile every kernel for sm_90a at several static configurations (CPU build check), in ``workers``
+    processes (default one per CPU). quick: one configuration per code path (the CPU test tier; `make diff`
+    builds them all)."""
+    from tilelang_ops.build import compile_sm90_in_processes
+
+    names = [name for name, _, _ in build_configs() if not quick or name.startswith(QUICK_BUILD)]
+    return compile_sm90_in_processes(__name__, names, workers)
