@@ -78,9 +78,10 @@ def _biased_u8(w, t0, t1, half: int):
     """Codes 4 half .. 4 half + 3 of the code word w as bytes 128 + x, x = +-(2v << shift) (t0 / t1: the
     shifted magnitude table). PRMT with the raw code as selector gives the magnitude of a positive code
     and 0 for a negative one (its sign bit replicates a byte < 128); with the sign flipped the other way
-    round; 0x80 + P - N never borrows across bytes (|x| <= 96)."""
+    round; 0x80 + P - N never borrows across bytes (|x| <= 96). The upper half's flip is taken from its
+    shifted selector, so a code word costs 3 selector instructions."""
     sel = w if half == 0 else w >> _u32(16)
-    flip = (w ^ _u32(0x88888888)) if half == 0 else ((w ^ _u32(0x88888888)) >> _u32(16))
+    flip = (w ^ _u32(0x88888888)) if half == 0 else (sel ^ _u32(0x8888))
     return _u32(0x80808080) + _prmt(t0, t1, sel) - _prmt(t0, t1, flip)
 
 
@@ -366,11 +367,13 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
         for i in T.unroll(2 * groups):
             s[i] = T.ieee_add(p[i], T.shfl_xor(p[i], 1))
             s[i] = T.ieee_add(s[i], T.shfl_xor(s[i], 2))
+        kv = T.alloc_var("float32")
         for h in T.unroll(2):
             ekw = sm[lay["meta"] + 2 * (16 * m + g + 8 * h) + 1]
             tot = s[h] if groups == 1 else T.ieee_add(s[h], s[2 + h])
-            res[h] = T.if_then_else((ekw >> _u32(8)) != _u32(0), neg_inf, T.call_extern(
-                "float32", "il_key_scale", tot, T.Cast("int32", ekw & _u32(0xFF)) - K_OFFSET))
+            # scaled unconditionally, then selected: no branch per key
+            kv = T.call_extern("float32", "il_key_scale", tot, T.Cast("int32", ekw & _u32(0xFF)) - K_OFFSET)
+            res[h] = T.if_then_else((ekw >> _u32(8)) != _u32(0), neg_inf, kv)
 
     def steps(lo, hi):
         return T.if_then_else(hi > lo, (hi - lo + kc - 1) // kc, 0)
