@@ -56,16 +56,18 @@ class IndexLogitsConfig:
             raise ValueError(f"inconsistent IndexLogitsConfig {self}")
 
 
-# split the key range until the launch has about this many CTAs per SM (4 waves of 3 resident CTAs: the
-# requests' klen differ, so the tail of the last wave is short)
+# split the key range into whole waves: at most CTAS_PER_SM_TARGET CTAs per SM (4 waves of 3 resident
+# CTAs), never a partial wave beyond them (with equal klen every CTA has the same work, so a 5th wave of a
+# few CTAs would cost a whole wave's time)
 CTAS_PER_SM_TARGET = 12
 MAX_KEYS_PER_CTA = 16384
 
 
 def _split(work_rows: int, width: int, kc: int, sms: int) -> int:
-    """Columns per CTA so that work_rows x splits reaches about CTAS_PER_SM_TARGET CTAs per SM."""
+    """Columns per CTA: the fewest for which work_rows x splits stays within CTAS_PER_SM_TARGET CTAs per
+    SM (at least one split per row)."""
     target = CTAS_PER_SM_TARGET * max(sms, 1)
-    splits = max(1, -(-target // max(work_rows, 1)))
+    splits = max(1, target // max(work_rows, 1))
     kps = -(-max(width, 1) // splits)
     kps = -(-kps // kc) * kc
     return max(kc, min(kps, max(MAX_KEYS_PER_CTA, kc)))

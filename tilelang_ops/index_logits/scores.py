@@ -78,9 +78,10 @@ def _biased_u8(w, t0, t1, half: int):
     """Codes 4 half .. 4 half + 3 of the code word w as bytes 128 + x, x = +-(2v << shift) (t0 / t1: the
     shifted magnitude table). PRMT with the raw code as selector gives the magnitude of a positive code
     and 0 for a negative one (its sign bit replicates a byte < 128); with the sign flipped the other way
-    round; 0x80 + P - N never borrows across bytes (|x| <= 96)."""
+    round; 0x80 + P - N never borrows across bytes (|x| <= 96). The upper half's flip is taken from its
+    shifted selector, so a code word costs 3 selector instructions."""
     sel = w if half == 0 else w >> _u32(16)
-    flip = (w ^ _u32(0x88888888)) if half == 0 else ((w ^ _u32(0x88888888)) >> _u32(16))
+    flip = (w ^ _u32(0x88888888)) if half == 0 else (sel ^ _u32(0x8888))
     return _u32(0x80808080) + _prmt(t0, t1, sel) - _prmt(t0, t1, flip)
 
 
@@ -131,9 +132,11 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
 
     @T.macro
     def load_step(sm, src_codes, src_scales, table, cand, s_start, s_end, stage, bidx, row0, bc, num_blocks,
-                  max_blocks, cbs, nkey_total, tx):
+                  max_blocks, cbs, nkey_total, tx, kq, kr, kstep):
         """cp.async of the keys [s_start, s_start + kc) (those >= s_end: nothing) into raw stage ``stage``;
-        rfl = 1 for a key in range that cannot be resolved (it scores -inf)."""
+        rfl = 1 for a key in range that cannot be resolved (it scores -inf). Paged: kq[it] / kr[it] hold
+        this thread's key of the step divided by bc (quotient / remainder) and advance by kc (kstep: kc
+        divided by bc); steps are issued in order, so no step divides."""
         for it in T.unroll(kpt):
             i = tx + it * threads
             if i < kc:
@@ -150,19 +153,23 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                     dsrc = T.Cast("int64", T.if_then_else(ok, key, 0))
                     ssrc = dsrc
                 else:
-                    lrow = T.alloc_var("int32")
-                    lrow = key
                     if mode == "cand":
+                        lrow = T.alloc_var("int32")
+                        lrow = key
                         cb = T.if_then_else(live, cand[row0, key // cbs], -1)
                         ok = live and cb >= 0
                         lrow = cb * cbs + key % cbs
-                    tb = lrow // bc
+                        tb = lrow // bc
+                    else:
+                        tb = kq[it]
+                        rem = kr[it]
                     ok = ok and tb < max_blocks
                     phys = T.if_then_else(ok, table[bidx, T.min(tb, max_blocks - 1)], 0)
                     ok = ok and phys >= 0 and phys < num_blocks
                     base = T.Cast("int64", T.if_then_else(ok, phys, 0)) * bc * ROW_BYTES
-                    dsrc = base + T.Cast("int64", lrow % bc) * CODE_BYTES
-                    ssrc = base + T.Cast("int64", bc) * CODE_BYTES + T.Cast("int64", lrow % bc) * SCALE_BYTES
+                    dsrc = base + T.Cast("int64", rem if mode == "paged" else lrow % bc) * CODE_BYTES
+                    ssrc = base + T.Cast("int64", bc) * CODE_BYTES + T.Cast(
+                        "int64", rem if mode == "paged" else lrow % bc) * SCALE_BYTES
                 dsrc = T.if_then_else(ok, dsrc, T.int64(0))
                 ssrc = T.if_then_else(ok, ssrc, T.int64(0))
                 dst = lay["raw"] + (stage * kc + i) * 16
@@ -177,6 +184,12 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                 T.call_extern("handle", "il_cp4", T.address_of(sm[lay["rsc"] + stage * kc + i]),
                               src_addr(src_scales, ssrc, 0), T.if_then_else(ok, 4, 0))
                 sm[lay["rfl"] + stage * kc + i] = T.if_then_else(live and not ok, _u32(1), _u32(0))
+                if mode == "paged":
+                    kr[it] = kr[it] + kstep[1]
+                    kq[it] = kq[it] + kstep[0]
+                    if kr[it] >= bc:
+                        kr[it] = kr[it] - bc
+                        kq[it] = kq[it] + 1
         T.call_extern("handle", "il_cp_commit")
 
     @T.macro
@@ -354,11 +367,13 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
         for i in T.unroll(2 * groups):
             s[i] = T.ieee_add(p[i], T.shfl_xor(p[i], 1))
             s[i] = T.ieee_add(s[i], T.shfl_xor(s[i], 2))
+        kv = T.alloc_var("float32")
         for h in T.unroll(2):
             ekw = sm[lay["meta"] + 2 * (16 * m + g + 8 * h) + 1]
             tot = s[h] if groups == 1 else T.ieee_add(s[h], s[2 + h])
-            res[h] = T.if_then_else((ekw >> _u32(8)) != _u32(0), neg_inf, T.call_extern(
-                "float32", "il_key_scale", tot, T.Cast("int32", ekw & _u32(0xFF)) - K_OFFSET))
+            # scaled unconditionally, then selected: no branch per key
+            kv = T.call_extern("float32", "il_key_scale", tot, T.Cast("int32", ekw & _u32(0xFF)) - K_OFFSET)
+            res[h] = T.if_then_else((ekw >> _u32(8)) != _u32(0), neg_inf, kv)
 
     def steps(lo, hi):
         return T.if_then_else(hi > lo, (hi - lo + kc - 1) // kc, 0)
@@ -390,11 +405,21 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                 my_lo = rlo[t]
                 my_hi = rhi[t]
                 my_sft = col_shift[t]
+        kq = kr = kstep = None
+        if mode == "paged":  # the load steps' divisions by bc, once
+            kq = T.alloc_local([kpt], "int32")
+            kr = T.alloc_local([kpt], "int32")
+            kstep = T.alloc_local([2], "int32")
+            kstep[0] = kc // bc
+            kstep[1] = kc % bc
+            for it in T.unroll(kpt):
+                kq[it] = (j_lo + tx + it * threads) // bc
+                kr[it] = (j_lo + tx + it * threads) % bc
         nsteps = steps(j_lo, j_hi)
         for s in T.unroll(stages - 1):
             if s < nsteps:
                 load_step(sm, src_codes, src_scales, table, cand, j_lo + s * kc, j_hi, s, bidx, row0, bc,
-                          num_blocks, max_blocks, cbs, nkey_total, tx)
+                          num_blocks, max_blocks, cbs, nkey_total, tx, kq, kr, kstep)
             else:
                 T.call_extern("handle", "il_cp_commit")
         if nsteps > 0:
@@ -408,7 +433,7 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
             if s + stages - 1 < nsteps:
                 load_step(sm, src_codes, src_scales, table, cand, j_lo + (s + stages - 1) * kc, j_hi,
                           (s + stages - 1) % stages, bidx, row0, bc, num_blocks, max_blocks, cbs, nkey_total,
-                          tx)
+                          tx, kq, kr, kstep)
             else:
                 T.call_extern("handle", "il_cp_commit")
             convert_step(sm, s % stages, tx)
