@@ -79,6 +79,9 @@ def _cases():
     scores = torch.randn(B, 8192, device=dev, generator=g)
     end = torch.full((B,), 8000, dtype=torch.int32, device=dev)
     cases["topk_b64x8192_k512"] = lambda: ops.topk(scores, 512, end=end)
+    tables = torch.randperm(B * 128, device=dev, generator=g).int().reshape(B, 128)  # 64-row blocks
+    cases["topk_to_slots_b64x8192_k512"] = lambda: ops.topk_to_slots(scores, 512, end=end, block_size_c=64,
+                                                                     block_tables=tables)
 
     rows = torch.randn(4 * B, d, device=dev, generator=g).bfloat16()
     index = torch.randperm(4 * B, device=dev)[:B].int()
@@ -86,6 +89,15 @@ def _cases():
 
     q = torch.randn(B, 1, 64, 128, device=dev, generator=g).bfloat16()
     cases["quantize_index_rows_b64"] = lambda: ops.quantize_index_rows(q)
+    codes, qscales = ops.quantize_index_rows(q)
+    weights = torch.randn(B, 1, 64, device=dev, generator=g)
+    index_cache = torch.randint(0, 256, (B * 16, FP4_INDEX_KV_FORMAT.block_bytes(64)), dtype=torch.uint8,
+                                device=dev, generator=g)
+    index_cache[:, 64 * 64:] = 127  # scales of 2^0
+    index_tables = torch.randperm(B * 16, device=dev, generator=g).int().reshape(B, 16)
+    klen = torch.full((B, 1), 1024, dtype=torch.int32, device=dev)
+    cases["paged_index_logits_b64n1k1024"] = lambda: ops.paged_index_logits(
+        codes, qscales, weights, index_cache, index_tables, klen, 1024)
     return cases
 
 

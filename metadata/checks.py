@@ -10,6 +10,7 @@ import operator
 import os
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 # Checks that need device values (slots beyond the cache, positions beyond the cos/sin table, `end`
 # beyond the row) run in the wrappers only when this environment variable is set to 1; the
@@ -105,6 +106,25 @@ def check_same_device(**tensors) -> torch.device:
         listing = ", ".join(f"{n}={d}" for n, d in devices.items())
         raise ValueError(f"tensors must share one device, got {listing}")
     return next(iter(devices.values()))
+
+
+def check_aligned(**tensors) -> None:
+    """16-byte vector accesses need 16-byte aligned bases (torch allocations are; odd views may not be).
+    None, non-contiguous tensors (a launch copies them) and tensors without memory (fake, meta) pass."""
+    for name, t in tensors.items():
+        if t is None or not t.is_contiguous() or t.device.type == "meta" or is_fake(t):
+            continue
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} must start at a 16-byte aligned address for the vectorized kernel, "
+                             f"got data_ptr % 16 = {t.data_ptr() % 16} (storage offset {t.storage_offset()})")
+
+
+def same_start(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors start at the same address; tensors without memory (the fake tensors of a
+    trace, meta tensors) never do."""
+    if a.device.type == "meta" or is_fake(a) or is_fake(b):
+        return False
+    return a.data_ptr() == b.data_ptr()
 
 
 def check_cuda(**tensors) -> torch.device:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from metadata.cache_format import KVCacheFormat
-from metadata.checks import check_same_device, check_tensor, describe
+from metadata.checks import check_same_device, check_tensor, describe, same_start
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
@@ -64,7 +64,7 @@ def check_store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv
     rows_per_block = fmt.rows_per_block(kv_cache.shape[1])
     if out_norm is not None:
         check_tensor("out_norm", out_norm, dtype=torch.bfloat16, shape=(rows, dim), contiguous=True)
-        if out_norm.data_ptr() == kv.data_ptr() and rows > 0:
+        if rows > 0 and same_start(out_norm, kv):
             raise ValueError("out_norm must not alias kv")
     check_same_device(kv=kv, norm_weight=norm_weight, cos=cos, sin=sin, positions=positions,
                       slot_mapping=slot_mapping, kv_cache=kv_cache, out_norm=out_norm)

@@ -10,6 +10,7 @@ a decode step replayed on new inputs, bitwise equal to eager.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -21,7 +22,8 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import tilelang_ops
 from tilelang_ops.testing import bad_input as B
-from tilelang_ops.testing.torch_ops import CASES, MUTATES, OP_CASES, outputs, to_fake_cuda
+from tilelang_ops.testing.index_path import PathCase, build_path, decode_step, decode_step_args
+from tilelang_ops.testing.torch_ops import CASES, MUTATES, outputs, to_fake_cuda
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -81,7 +83,7 @@ def test_fake_gives_the_reference_outputs_shapes(case):
 def test_fake_runs_the_host_checks(case):
     call = case.call("cpu")
     first = next(iter(call.args))
-    bad = call.with_(**{first: call[first][..., :1]})  # the first tensor cut to one column
+    bad = call.with_(**{first: call[first].double()})  # no op takes an fp64 tensor
     with FakeTensorMode(), pytest.raises((TypeError, ValueError), match=first):
         to_fake_cuda(bad)(case.fn)
 
@@ -100,21 +102,18 @@ def test_cpu_tensors_get_the_named_device_error():
         B.decode_call("cpu")(tilelang_ops.compress_decode)
 
 
-def _decode_step(x, state, ctx, slots, q, w, cache, tables, klen):
-    """A decode step's compress and index scoring: compress_decode -> quantize -> paged_index_logits."""
-    kv = tilelang_ops.compress_decode(x, state, ctx, slots, 3, 2)
-    codes, scales = tilelang_ops.quantize_index_rows(q)
-    logits = tilelang_ops.paged_index_logits(codes, scales, w, cache, tables, klen, 150, clean=True)
-    return kv, logits
+STEP = PathCase("step", prefill=False, seqlens_k=(300, 1001, 77), seqlen_q=2, k=128)
 
 
-def _step_inputs(device="cpu"):
-    d = B.decode_call(device)
-    p = OP_CASES["paged_index_logits"].call(device)
-    g = torch.Generator().manual_seed(3)
-    q = (torch.randn(*p["q_codes"].shape[:-1], 128, generator=g)).bfloat16().to(device)
-    return (d["projected_kv"], d["state_cache"], d["context_lens"], d["state_block_idx"], q, p["weights"],
-            p["index_cache"], p["block_tables"], p["klen"])
+def _step(device="cpu"):
+    """``decode_step`` (the issue's decode step: compress_store_decode, the index branch's store,
+    quantize, paged_index_logits, topk_to_slots) bound to its host ints, and its tensors."""
+    tensors, ints = decode_step_args(build_path(STEP, device))
+    return functools.partial(decode_step, **ints), tensors
+
+
+STEP_OPS = ("compress_store_decode", "norm_rope_hadamard_cast_store", "quantize_index_rows",
+            "paged_index_logits", "topk_to_slots")
 
 
 def test_decode_step_compiles_into_one_graph():
@@ -124,16 +123,18 @@ def test_decode_step_compiles_into_one_graph():
         graphs.append(gm)
         return gm.forward
 
-    inputs = _step_inputs()
+    step, inputs = _step()
     with FakeTensorMode():
         fake = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda") for t in inputs]
         torch._dynamo.reset()
-        kv, logits = torch.compile(_decode_step, backend=backend, fullgraph=True)(*fake)
+        out_norm, logits, slots = torch.compile(step, backend=backend, fullgraph=True)(*fake)
     assert len(graphs) == 1
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
-    for op in ("compress_decode", "quantize_index_rows", "paged_index_logits"):
-        assert f"tilelang_ops.{op}.default" in targets, f"{op} not in the graph: {targets}"
-    assert kv.shape == (inputs[0].shape[0], inputs[0].shape[1] // 2) and logits.shape[-1] == 150
+    for op in STEP_OPS:
+        assert any(f"tilelang_ops.{op}.default" in t for t in targets), f"{op} not in the graph: {targets}"
+    rows = inputs[7].shape[0]
+    assert out_norm.shape == (rows, 512) and logits.shape[-1] == step.keywords["max_klen"]
+    assert slots.shape == (inputs[16].numel(), STEP.k) and slots.dtype == torch.int32
 
 
 def test_prefill_without_num_rows_traces_a_dynamic_row_count():
@@ -185,39 +186,43 @@ def _bitwise(name, got, want):
 
 @needs_cuda
 def test_compiled_decode_step_is_bitwise_eager():
-    inputs = _step_inputs("cuda")
+    step, inputs = _step("cuda")
     eager_in, compiled_in = _clone(inputs), _clone(inputs)
-    want = _decode_step(*eager_in)
+    want = step(*eager_in)
     torch._dynamo.reset()
-    got = torch.compile(_decode_step, fullgraph=True)(*compiled_in)
+    got = torch.compile(step, fullgraph=True)(*compiled_in)
     _bitwise("compiled step", got, want)
-    _bitwise("state ring after the compiled step", compiled_in[1], eager_in[1])
+    for i, name in ((1, "state ring"), (9, "main cache"), (12, "index cache")):
+        _bitwise(f"{name} after the compiled step", compiled_in[i], eager_in[i])
 
 
 @needs_cuda
 def test_cuda_graph_replay_of_a_decode_step_is_bitwise_eager():
-    static = _clone(_step_inputs("cuda"))
-    state0 = static[1].clone()
-    tilelang_ops.warmup(_decode_step, *_clone(static), progress=None)
+    step, static = _step("cuda")
+    initial = _clone(static)
+    tilelang_ops.warmup(step, *_clone(static), progress=None)
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         with torch.cuda.graph(graph, stream=stream):
-            captured = _decode_step(*static)
+            captured = step(*static)
     torch.cuda.current_stream().wait_stream(stream)
     for seed in (1, 2):
         g = torch.Generator(device="cuda").manual_seed(seed)
-        fresh = [static[0].clone().normal_(generator=g), state0.clone(), *static[2:4],
-                 static[4].clone().normal_(generator=g), *static[5:]]
+        fresh = _clone(initial)  # the ring and caches as before the step; new projected inputs and queries
+        fresh[0].normal_(generator=g)
+        fresh[13].copy_(torch.randn(fresh[13].shape, generator=g, device="cuda"))
+        fresh[14].normal_(generator=g)
         for dst, src in zip(static, fresh):
             dst.copy_(src)
         graph.replay()
         eager_in = _clone(fresh)
-        want = _decode_step(*eager_in)
+        want = step(*eager_in)
         torch.cuda.synchronize()
         _bitwise(f"replay {seed}", captured, want)
-        _bitwise(f"state ring after replay {seed}", static[1], eager_in[1])
+        for i, name in ((1, "state ring"), (9, "main cache"), (12, "index cache")):
+            _bitwise(f"{name} after replay {seed}", static[i], eager_in[i])
 
 
 @needs_cuda

@@ -35,7 +35,8 @@ OPS: dict[str, object] = {}
 # (position, Python type, optional) of each op's scalar arguments: the dispatcher would take a 0-d tensor
 # or a bool as an int, so the Python API checks the exact type first
 _SCALAR_ARGS: dict[object, tuple[tuple[int, type, bool], ...]] = {}
-_SCALAR_TYPES = {"SymInt": int, "int": int, "bool": bool, "float": float}
+_SCALAR_TYPES = {"SymInt": int, "int": int, "bool": bool, "float": float, "str": str,
+                 "ScalarType": torch.dtype}
 
 
 def _bump_versions(impl: Callable, indices: tuple[int, ...]) -> Callable:
@@ -109,14 +110,34 @@ def call_op(op, check: Callable, *args):
     op fails, ``check(*args)`` (the op's host checks) raises the error that names the argument first."""
     for i, kind, optional in _SCALAR_ARGS[op]:
         a = args[i]
-        if a.__class__ is not kind and not (optional and a is None):
+        t = a.__class__
+        if t is not kind and not (optional and a is None) and not (kind is float and t is int):
             check(*args)
-            raise TypeError(f"{op}: argument {i} must be a Python {kind.__name__}, got {type(a).__name__}")
+            raise TypeError(f"{op}: argument {i} must be a Python {kind.__name__}, got {t.__name__}")
     try:
         return op(*args)
     except (TypeError, RuntimeError):
         check(*args)
         raise
+
+
+_DUMMIES: dict[tuple, torch.Tensor] = {}
+
+
+def dummy(device, dtype: torch.dtype, shape: tuple = (1,), fill=0) -> torch.Tensor:
+    """A cached buffer of ``fill`` for an argument a launch does not use (an absent optional tensor).
+    Made on the first call that needs it; during a CUDA-graph capture a missing one raises, since its fill
+    would run only at replay."""
+    device = torch.device(device)
+    key = (device, dtype, tuple(shape), fill)
+    t = _DUMMIES.get(key)
+    if t is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"tilelang_ops: a {dtype} {tuple(shape)} placeholder for this call's shape "
+                               f"was not made before this CUDA graph capture; run the step once (or "
+                               f"tilelang_ops.warmup) first")
+        t = _DUMMIES[key] = torch.full(shape, fill, dtype=dtype, device=device)
+    return t
 
 
 def direct(jit_kernel) -> Callable:

@@ -20,7 +20,7 @@ import tilelang
 import tilelang.language as T
 import torch
 
-from metadata.checks import check_cuda, debug_checks_enabled
+from metadata.checks import check_aligned, check_cuda, debug_checks_enabled
 from metadata.compress_args import (
     check_decode_args,
     check_decode_values,
@@ -53,14 +53,6 @@ def _rows_per_pass(dim: int) -> int:
 def _check_dim(dim: int) -> None:
     if dim % DIM_ALIGN:
         raise ValueError(f"the compress kernel needs D to be a multiple of {DIM_ALIGN}, got D={dim}")
-
-
-def _check_aligned(**tensors) -> None:
-    """16 B vector accesses need 16 B aligned bases (torch allocations are; odd views may not be)."""
-    for name, t in tensors.items():
-        if t.data_ptr() % 16:
-            raise ValueError(f"{name} must start at a 16-byte aligned address for the vectorized kernel, "
-                             f"got data_ptr % 16 = {t.data_ptr() % 16} (storage offset {t.storage_offset()})")
 
 
 @tilelang.jit(compile_flags=COMPILE_FLAGS)
@@ -344,8 +336,7 @@ def _checked(dims, projected_kv, state_cache):
     check_cuda(projected_kv=projected_kv, state_cache=state_cache)
     _check_dim(dims.dim)
     # a non-contiguous projected_kv is copied into a fresh (aligned) allocation at the launch
-    _check_aligned(state_cache=state_cache, **({"projected_kv": projected_kv} if projected_kv.is_contiguous()
-                                              else {}))
+    check_aligned(state_cache=state_cache, projected_kv=projected_kv)
     return dims
 
 

@@ -39,14 +39,14 @@ ring write); it never reads or writes outside the tensors. Nothing is returned (
 
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 import tilelang
 import tilelang.language as T
+import torch
 
 from metadata.cache_format import BF16_KV_FORMAT, FP4_MAIN_KV_FORMAT, FP8_MAIN_KV_FORMAT
-from metadata.checks import check_cuda, debug_checks_enabled
+from metadata.checks import check_aligned, check_cuda, debug_checks_enabled
 from metadata.compress_store_args import (
     MAIN_BRANCH_FORMATS,
     check_compress_store_decode_args,
@@ -54,12 +54,14 @@ from metadata.compress_store_args import (
     check_compress_store_prefill_args,
     check_compress_store_prefill_values,
 )
+from tilelang_ops._library import dummy, kernel, plan, register_op
 from tilelang_ops.kv_store import (
     _TORCH_TO_TL,
     VEC,
     KVStoreConfig,
-    _dummy_norm,
     _f32,
+    cache_format,
+    call_format_op,
     kernel_supports,
     make_row_store,
 )
@@ -68,6 +70,7 @@ WARP = 32
 F4 = 4  # FP32 elements per 16-byte vector access
 DECODE_ROWS = 4  # decode: query tokens per CTA (= warps; phase 1's 128 threads x 4 channels cover a row)
 MANY_ROWS = 131072  # prefill launches from this many rows take CompressStoreConfig.rows_per_warp
+Tensor = torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -543,16 +546,6 @@ def compress_store_decode_kernel(fmt_name: str, r: int, rope_dim: int, interleav
     return kernel
 
 
-@functools.lru_cache(maxsize=None)
-def _prefill_kernel(*static):
-    return compress_store_prefill_kernel(*static)
-
-
-@functools.lru_cache(maxsize=None)
-def _decode_kernel(*static):
-    return compress_store_decode_kernel(*static)
-
-
 def _search_steps(num_reqs: int) -> int:
     steps, reach = 0, 1
     while reach < num_reqs:
@@ -569,6 +562,158 @@ def _static(fmt, r, rope_dim, interleaved, out_norm, norm_weight, positions, slo
             _TORCH_TO_TL[positions.dtype], _TORCH_TO_TL[slot_mapping.dtype])
 
 
+# ----------------------------------------------------------------------------------------------
+# torch-facing wrappers: torch.ops.tilelang_ops.compress_store_prefill / _decode (SPEC 7). The ops take
+# the format's name (``fmt.name``); the Python functions take the KVCacheFormat.
+# ----------------------------------------------------------------------------------------------
+
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+                  compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+                  out_norm, num_rows, rope_dim, interleaved):
+    """The shape checks of a prefill call (no device value, no address); returns its dimensions."""
+    return check_compress_store_prefill_args(
+        projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+        compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+        out_norm=out_norm, num_rows=num_rows, rope_dim=rope_dim, interleaved=interleaved)
+
+
+def _decode_args(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio,
+                 norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm, rope_dim,
+                 interleaved):
+    """The shape checks of a decode call (no device value, no address); returns its dimensions."""
+    return check_compress_store_decode_args(
+        projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio, norm_weight,
+        eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm=out_norm, rope_dim=rope_dim,
+        interleaved=interleaved)
+
+
+def _launchable(projected_kv, state_cache, kv_cache, fmt, compress_ratio, rope_dim, interleaved, out_norm,
+                norm_weight, positions, slot_mapping) -> tuple:
+    """The checks a launch adds to the shape checks (devices, addresses, the kernel's configurations);
+    returns the kernel's static arguments."""
+    check_cuda(projected_kv=projected_kv, state_cache=state_cache, kv_cache=kv_cache)
+    check_aligned(kv_cache=kv_cache, state_cache=state_cache)
+    return _static(fmt, compress_ratio, rope_dim, interleaved, out_norm, norm_weight, positions, slot_mapping)
+
+
+def _prefill_check(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+                   compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+                   out_norm, num_rows, rope_dim, interleaved, config=None):
+    """Every host check of a prefill call (``config``: the caller's, if any); returns (dimensions, static
+    arguments)."""
+    dims = _prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
+                         cu_compressed, compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping,
+                         kv_cache, fmt, out_norm, num_rows, rope_dim, interleaved)
+    if config is not None and not isinstance(config, CompressStoreConfig):
+        raise TypeError(f"compress_store_prefill: config must be a CompressStoreConfig, got "
+                        f"{type(config).__name__}")
+    return dims, _launchable(projected_kv, state_cache, kv_cache, fmt, compress_ratio, rope_dim, interleaved,
+                             out_norm, norm_weight, positions, slot_mapping)
+
+
+def _decode_check(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio,
+                  norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm, rope_dim,
+                  interleaved):
+    """Every host check of a decode call; returns (dimensions, static arguments)."""
+    dims = _decode_args(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
+                        compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+                        out_norm, rope_dim, interleaved)
+    return dims, _launchable(projected_kv, state_cache, kv_cache, fmt, compress_ratio, rope_dim, interleaved,
+                             out_norm, norm_weight, positions, slot_mapping)
+
+
+def _prefill_plan(*args, config=None):
+    dims, static = _prefill_check(*args, config=config)
+    if dims.store.rows == 0:
+        return dims, None, 0
+    fn = kernel(compress_store_prefill_kernel, *static, config or prefill_config(dims.store.rows))
+    return dims, fn, _search_steps(dims.compress.num_reqs)
+
+
+def _decode_plan(*args):
+    dims, static = _decode_check(*args)
+    return dims, (kernel(compress_store_decode_kernel, *static) if dims.store.rows else None)
+
+
+def _prefill_launch(plan_, projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
+                    cu_compressed, compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping,
+                    kv_cache, fmt, out_norm, num_rows, rope_dim, interleaved):
+    dims, fn, search_steps = plan_
+    if debug_checks_enabled():
+        check_compress_store_prefill_values(projected_kv, state_cache, cu_seqlens_q, context_lens,
+                                            state_block_idx, cu_compressed, compress_ratio, positions,
+                                            slot_mapping, dims)
+    if fn is None:
+        return
+    norm = out_norm if out_norm is not None else dummy(projected_kv.device, torch.bfloat16, (1, VEC * WARP))
+    fn(projected_kv.contiguous(), state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(),
+       state_block_idx.contiguous(), cu_compressed.contiguous(), norm_weight.contiguous(), cos.contiguous(),
+       sin.contiguous(), positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1), norm,
+       float(eps), search_steps)
+
+
+def _decode_launch(plan_, projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
+                   compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+                   out_norm, rope_dim, interleaved):
+    dims, fn = plan_
+    if debug_checks_enabled():
+        check_compress_store_decode_values(projected_kv, state_cache, context_lens, state_block_idx,
+                                           max_seqlen_q, positions, slot_mapping, dims)
+    if fn is None:
+        return
+    norm = out_norm if out_norm is not None else dummy(projected_kv.device, torch.bfloat16, (1, VEC * WARP))
+    fn(projected_kv.contiguous(), state_cache, context_lens.contiguous(), state_block_idx.contiguous(),
+       norm_weight.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous(),
+       slot_mapping.contiguous(), kv_cache.view(-1), norm, float(eps))
+
+
+def _prefill_impl(projected_kv: Tensor, state_cache: Tensor, cu_seqlens_q: Tensor, context_lens: Tensor,
+                  state_block_idx: Tensor, cu_compressed: Tensor, compress_ratio: int, norm_weight: Tensor,
+                  eps: float, cos: Tensor, sin: Tensor, positions: Tensor, slot_mapping: Tensor,
+                  kv_cache: Tensor, fmt: str, out_norm: Tensor | None = None, num_rows: int | None = None,
+                  rope_dim: int = 64, interleaved: bool = True) -> None:
+    args = (projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+            compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, cache_format(fmt),
+            out_norm, num_rows, rope_dim, interleaved)
+    _prefill_launch(plan(_PLANS, _prefill_plan, args), *args)
+
+
+def _prefill_fake(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+                  compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+                  out_norm=None, num_rows=None, rope_dim=64, interleaved=True):
+    _prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+                  compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache,
+                  cache_format(fmt), out_norm, num_rows, rope_dim, interleaved)
+    check_cuda(projected_kv=projected_kv, state_cache=state_cache, kv_cache=kv_cache)
+
+
+def _decode_impl(projected_kv: Tensor, state_cache: Tensor, context_lens: Tensor, state_block_idx: Tensor,
+                 max_seqlen_q: int, compress_ratio: int, norm_weight: Tensor, eps: float, cos: Tensor,
+                 sin: Tensor, positions: Tensor, slot_mapping: Tensor, kv_cache: Tensor, fmt: str,
+                 out_norm: Tensor | None = None, rope_dim: int = 64, interleaved: bool = True) -> None:
+    args = (projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio,
+            norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, cache_format(fmt), out_norm,
+            rope_dim, interleaved)
+    _decode_launch(plan(_PLANS, _decode_plan, args), *args)
+
+
+def _decode_fake(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio,
+                 norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm=None,
+                 rope_dim=64, interleaved=True):
+    _decode_args(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio,
+                 norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, cache_format(fmt), out_norm,
+                 rope_dim, interleaved)
+    check_cuda(projected_kv=projected_kv, state_cache=state_cache, kv_cache=kv_cache)
+
+
+_WRITES = ("state_cache", "kv_cache", "out_norm")
+_PREFILL_OP = register_op("compress_store_prefill", _prefill_impl, _prefill_fake, mutates_args=_WRITES)
+_DECODE_OP = register_op("compress_store_decode", _decode_impl, _decode_fake, mutates_args=_WRITES)
+
+
 def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
                            cu_compressed, compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping,
                            kv_cache, fmt, *, out_norm=None, num_rows=None, rope_dim=64,
@@ -580,31 +725,17 @@ def compress_store_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens
     fp32 (in place), cu_seqlens_q/context_lens/state_block_idx/cu_compressed int32 metadata,
     norm_weight [D] bf16/fp32, cos/sin [max_position, rope_dim/2] fp32, positions/slot_mapping
     [rows] int32/int64, kv_cache uint8 (in place), out_norm optional [rows, D] bf16. Returns None.
-    ``config``: the launch shape (None: ``prefill_config(rows)``); every config stores the same bytes.
+    ``torch.ops.tilelang_ops.compress_store_prefill`` (it takes ``fmt.name``). ``config``: the launch shape
+    (None: ``prefill_config(rows)``), launched directly, outside the registered op; every config stores the
+    same bytes.
     """
-    dims = check_compress_store_prefill_args(
-        projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
-        compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
-        out_norm=out_norm, num_rows=num_rows, rope_dim=rope_dim, interleaved=interleaved)
-    if config is not None and not isinstance(config, CompressStoreConfig):
-        raise TypeError(f"compress_store_prefill: config must be a CompressStoreConfig, got "
-                        f"{type(config).__name__}")
-    check_cuda(projected_kv=projected_kv, state_cache=state_cache, kv_cache=kv_cache)
-    static = _static(fmt, compress_ratio, rope_dim, interleaved, out_norm, norm_weight, positions,
-                     slot_mapping)
-    if debug_checks_enabled():
-        check_compress_store_prefill_values(projected_kv, state_cache, cu_seqlens_q, context_lens,
-                                            state_block_idx, cu_compressed, compress_ratio, positions,
-                                            slot_mapping, dims)
-    if dims.store.rows == 0:
-        return
-    norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
-    launch = _prefill_kernel(*static, config or prefill_config(dims.store.rows))
-    launch(
-        projected_kv.contiguous(), state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(),
-        state_block_idx.contiguous(), cu_compressed.contiguous(), norm_weight.contiguous(), cos.contiguous(),
-        sin.contiguous(), positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1), norm,
-        float(eps), _search_steps(dims.compress.num_reqs))
+    args = (projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+            compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm,
+            num_rows, rope_dim, interleaved)
+    if config is None:
+        call_format_op(_PREFILL_OP, _prefill_check, args, 14)
+    else:
+        _prefill_launch(_prefill_plan(*args, config=config), *args)
 
 
 def compress_store_decode(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
@@ -613,25 +744,13 @@ def compress_store_decode(projected_kv, state_cache, context_lens, state_block_i
     """Decode / verification step, fused: ring writes, groups closing in the step, their cache rows.
 
     Same arguments and results as ``reference.compress_store.compress_store_decode_ref``. Returns None.
-    The kernel has no tuning knob (its CTA shape follows from the row width), so no ``config``.
+    ``torch.ops.tilelang_ops.compress_store_decode`` (it takes ``fmt.name``). The kernel has no tuning knob
+    (its CTA shape follows from the row width), so no ``config``.
     """
-    dims = check_compress_store_decode_args(
-        projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio, norm_weight,
-        eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm=out_norm, rope_dim=rope_dim,
-        interleaved=interleaved)
-    check_cuda(projected_kv=projected_kv, state_cache=state_cache, kv_cache=kv_cache)
-    static = _static(fmt, compress_ratio, rope_dim, interleaved, out_norm, norm_weight, positions,
-                     slot_mapping)
-    if debug_checks_enabled():
-        check_compress_store_decode_values(projected_kv, state_cache, context_lens, state_block_idx,
-                                           max_seqlen_q, positions, slot_mapping, dims)
-    if dims.store.rows == 0:
-        return
-    norm = out_norm if out_norm is not None else _dummy_norm(fmt.dim, projected_kv.device)
-    _decode_kernel(*static)(
-        projected_kv.contiguous(), state_cache, context_lens.contiguous(), state_block_idx.contiguous(),
-        norm_weight.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous(),
-        slot_mapping.contiguous(), kv_cache.view(-1), norm, float(eps))
+    args = (projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio,
+            norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm, rope_dim,
+            interleaved)
+    call_format_op(_DECODE_OP, _decode_check, args, 13)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from metadata.index_logits_args import (
     check_ragged_args,
     check_ragged_values,
 )
-from tilelang_ops._library import call_op, kernel, plan, register_op
+from tilelang_ops._library import call_op, dummy, kernel, plan, register_op
 
 CODE_BYTES, SCALE_BYTES, INDEX_DIM = 64, 4, 128
 ROW_CHOICES = (1, 2, 4, 8)  # query rows per CTA the kernels are built for (n rounds up)
@@ -139,19 +139,6 @@ def get_quantize_kernel(threads: int = 128):
     return quantize_kernel(threads)
 
 
-_DUMMY: dict = {}
-
-
-def _dummy_cand(device, rows: int) -> torch.Tensor:
-    key = (str(device), rows)
-    if key not in _DUMMY:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():  # the fill runs at replay only
-            raise RuntimeError(f"tilelang_ops: paged_index_logits for {rows} query rows was not run before "
-                               f"this CUDA graph capture; run the step once (or tilelang_ops.warmup) first")
-        _DUMMY[key] = torch.full((rows, 1), -1, dtype=torch.int32, device=device)
-    return _DUMMY[key]
-
-
 def _aligned(*tensors) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in tensors)
 
@@ -187,7 +174,8 @@ def _paged_args(geom, config, q_codes, q_scales, weights, index_cache, block_tab
     """(kernel arguments, grid) of a checked ``paged_index_logits`` call."""
     rows, max_klen = geom.b * geom.n, geom.max_klen
     cand = candidate_blocks is not None
-    cand2 = candidate_blocks.reshape(rows, -1).contiguous() if cand else _dummy_cand(q_codes.device, rows)
+    cand2 = (candidate_blocks.reshape(rows, -1).contiguous() if cand
+             else dummy(q_codes.device, torch.int32, (rows, 1), fill=-1))
     args = (q_codes.contiguous().reshape(rows, -1), q_scales.contiguous().reshape(rows, -1),
             weights.contiguous().reshape(rows, -1), index_cache.reshape(-1), block_tables.contiguous(),
             klen.contiguous().reshape(-1), cand2, logits.reshape(rows, max_klen), geom.n, geom.rows_per_block,

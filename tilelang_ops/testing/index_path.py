@@ -179,6 +179,41 @@ def run_decode(p: dict, ops, timer=None, index_cache=None) -> dict:
     return res
 
 
+def decode_step(x, state, context_lens, state_block_idx, w_main, cos, sin, positions, slot_mapping,
+                main_cache, proj, w_index, index_cache, q, weights, block_tables, klen,
+                block_tables_per_token, *, max_seqlen_q: int, max_klen: int, k: int, eps: float = 1e-6):
+    """``run_decode``'s chain through the registered kernel ops, on tensors and host ints only (what
+    ``torch.compile`` and a CUDA-graph capture take): compress_store_decode -> index projection -> index
+    store -> quantize -> paged_index_logits -> topk_to_slots. ``klen`` [b, n]; returns (out_norm, logits,
+    slots); the state ring and both caches are written in place."""
+    import tilelang_ops as ops
+
+    b, n = klen.shape
+    out_norm = torch.empty(positions.shape[0], DIM, dtype=torch.bfloat16, device=x.device)
+    ops.compress_store_decode(x, state, context_lens, state_block_idx, max_seqlen_q, RATIO, w_main, eps, cos,
+                              sin, positions, slot_mapping, main_cache, FP8_MAIN_KV_FORMAT, out_norm=out_norm)
+    ops.norm_rope_hadamard_cast_store(F.linear(out_norm, proj), w_index, eps, cos, sin, positions,
+                                      slot_mapping, index_cache, FP4_INDEX_KV_FORMAT, hadamard=True)
+    qc, qs = ops.quantize_index_rows(q)
+    logits = ops.paged_index_logits(qc.reshape(b, n, q.shape[1], -1), qs.reshape(b, n, q.shape[1], -1),
+                                    weights.reshape(b, n, -1), index_cache, block_tables, klen, max_klen)
+    slots = ops.topk_to_slots(logits.reshape(b * n, max_klen), k, end=klen.reshape(-1), block_size_c=BC,
+                              block_tables=block_tables_per_token)
+    return out_norm, logits, slots
+
+
+def decode_step_args(p: dict) -> tuple[list, dict]:
+    """``decode_step``'s tensors (fresh copies of the ring and caches) and host ints for a ``build_path``
+    decode case."""
+    m, key, case = p["devmeta"], str(RATIO), p["case"]
+    tensors = [p["x"], p["state"].clone(), m.context_lens, m.state_block_idx, p["w_main"], p["cos"], p["sin"],
+               m.compressed_positions[key], m.slot_mapping_store_ca[key], p["main_cache"].clone(), p["proj"],
+               p["w_index"], p["index_cache"].clone(), p["q"], p["weights"], m.block_tables,
+               m.klen[key].reshape(len(case.seqlens_k), case.seqlen_q), m.block_tables_per_token]
+    ints = dict(max_seqlen_q=p["meta"].max_seqlen_q, max_klen=int(p["meta"].klen[key].max()), k=case.k)
+    return tensors, ints
+
+
 def gather_index_rows(index_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
     """Every request's index rows [0, seqlen_k // r) in request order (the prefill's gathered keys):
     (codes [N, 64], scales [N, 4]); request b starts at row output_idx_offset of its first token."""

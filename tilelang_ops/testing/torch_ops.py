@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from metadata.cache_format import FP4_INDEX_KV_FORMAT
 from tilelang_ops.testing import bad_input as B
 
 
@@ -82,6 +83,10 @@ def _ragged(device, out=False):
     return _split(kw, 8, out)
 
 
+def _with_kwargs(call: B.Call, **kwargs) -> B.Call:
+    return B.Call(call.args, {**call.kwargs, **kwargs}, call.writes)
+
+
 CASES = [
     OpCase("compress_prefill", "compress_prefill", "tilelang_ops.compress:compress_prefill",
            "reference.compress:compress_prefill_torch", _prefill),
@@ -103,6 +108,32 @@ CASES = [
     OpCase("ragged_index_logits_out", "ragged_index_logits_out",
            "tilelang_ops.index_logits:ragged_index_logits",
            "reference.index_logits:ragged_index_logits_torch", lambda d: _ragged(d, out=True)),
+    OpCase("store_fp8_main", "norm_rope_hadamard_cast_store",
+           "tilelang_ops.kv_store:norm_rope_hadamard_cast_store",
+           "reference.kv_store:norm_rope_hadamard_cast_store_torch", B.store_call),
+    OpCase("store_fp4_index", "norm_rope_hadamard_cast_store",
+           "tilelang_ops.kv_store:norm_rope_hadamard_cast_store",
+           "reference.kv_store:norm_rope_hadamard_cast_store_torch",
+           lambda d: B.store_call(d, FP4_INDEX_KV_FORMAT, hadamard=True)),
+    OpCase("compress_store_prefill", "compress_store_prefill",
+           "tilelang_ops.compress_store:compress_store_prefill",
+           "reference.compress_store:compress_store_prefill_torch", B.compress_store_prefill_call),
+    OpCase("compress_store_decode", "compress_store_decode",
+           "tilelang_ops.compress_store:compress_store_decode",
+           "reference.compress_store:compress_store_decode_torch", B.compress_store_decode_call),
+    OpCase("topk", "topk", "tilelang_ops.topk:topk", "reference.topk:topk_torch", B.topk_call),
+    OpCase("topk_sorted_indices_only", "topk", "tilelang_ops.topk:topk", "reference.topk:topk_torch",
+           lambda d: _with_kwargs(B.topk_call(d), sorted=True, return_value=False)),
+    OpCase("topk_to_slots", "topk_to_slots",
+           "tilelang_ops.topk:topk_to_slots", "reference.topk:topk_to_slots_ref",
+           B.topk_to_slots_call),
+    OpCase("block_max_scores", "block_max_scores", "tilelang_ops.topk:block_max_scores",
+           "reference.topk:block_max_scores_ref", B.block_max_call),
+    OpCase("restore_candidate_indices_", "restore_candidate_indices_",
+           "tilelang_ops.topk:restore_candidate_indices_",
+           "reference.topk:restore_candidate_indices_ref_", B.restore_call),
+    OpCase("convert_kv_index_", "convert_kv_index_", "tilelang_ops.topk:convert_kv_index_",
+           "reference.topk:convert_kv_index_ref_", B.convert_call),
 ]
 OP_CASES = {c.id: c for c in CASES}
 
@@ -111,6 +142,11 @@ MUTATES = {
     "compress_prefill": {"state_cache"}, "compress_decode": {"state_cache"}, "gather_rows": set(),
     "quantize_index_rows": set(), "paged_index_logits": set(), "paged_index_logits_out": {"out"},
     "ragged_index_logits": set(), "ragged_index_logits_out": {"out"},
+    "norm_rope_hadamard_cast_store": {"kv_cache", "out_norm"},
+    "compress_store_prefill": {"state_cache", "kv_cache", "out_norm"},
+    "compress_store_decode": {"state_cache", "kv_cache", "out_norm"},
+    "topk": set(), "topk_to_slots": set(), "block_max_scores": set(), "restore_candidate_indices_": {"index"},
+    "convert_kv_index_": {"index"},
 }
 
 

@@ -19,7 +19,8 @@ import torch
 
 from metadata.checks import check_cuda, debug_checks_enabled
 from metadata.topk_args import check_end_values, check_topk_args, check_topk_to_slots_args
-from tilelang_ops.topk._host import TORCH_TO_TL, dummy, flat_scores
+from tilelang_ops._library import call_op, dummy, kernel, plan, register_op
+from tilelang_ops.topk._host import TORCH_TO_TL, flat_scores
 from tilelang_ops.topk.elementwise import (
     block_max_kernel,
     block_max_scores,
@@ -32,6 +33,8 @@ from tilelang_ops.topk.launch import TopkConfig, cache_tier, default_config
 from tilelang_ops.topk.row import row_kernel
 from tilelang_ops.topk.tile import tile_kernel
 from tilelang_ops.topk.warp import warp_kernel
+
+Tensor = torch.Tensor
 
 __all__ = ["TopkConfig", "block_max_scores", "convert_kv_index_", "restore_candidate_indices_", "topk",
            "topk_to_slots"]
@@ -50,46 +53,6 @@ def kernel_for(static: tuple, n: int, config: TopkConfig):
                                                                       config.stream)
 
 
-def topk(scores, k, *, end=None, sorted=False, sorted_index=False, indices_type=torch.int32,
-         idx_oob_fill_value=-1, value_oob_fill_value=float("-inf"), output_idx_offset=None,
-         return_value=True, config: TopkConfig | None = None):
-    """Per row: the min(k, end) best of scores[row, :end] (NaN highest, ties to lower index).
-
-    scores: [b, n] fp32/bf16 (unit column stride); end: [b] int32; output_idx_offset: [b] int32/int64.
-    Returns (values [b, k] or None, indices [b, k] indices_type); unsorted output is ascending index.
-    config: the launch (default: `launch.topk_config` for this shape and device).
-    """
-    b, n = check_topk_args(scores, k, end, sorted=sorted, sorted_index=sorted_index,
-                           indices_type=indices_type, output_idx_offset=output_idx_offset,
-                           return_value=return_value)
-    dev = check_cuda(scores=scores, end=end, output_idx_offset=output_idx_offset)
-    if debug_checks_enabled():
-        check_end_values(end, n)
-    need_values = return_value or sorted
-    end = end.contiguous() if end is not None else None  # the kernel reads them with unit stride
-    output_idx_offset = output_idx_offset.contiguous() if output_idx_offset is not None else None
-    values = torch.empty((b, k), dtype=scores.dtype, device=dev) if need_values else None
-    indices = torch.empty((b, k), dtype=indices_type, device=dev)
-    if b == 0:
-        return (values if return_value else None), indices
-    flat, ld = flat_scores(scores)
-    off_dtype = output_idx_offset.dtype if output_idx_offset is not None else torch.int32
-    config = config or default_config(b, n, scores.element_size(), dev)
-    static = (TORCH_TO_TL[scores.dtype], TORCH_TO_TL[indices_type], TORCH_TO_TL[off_dtype], need_values,
-              output_idx_offset is not None, int(idx_oob_fill_value), float(value_oob_fill_value), "topk", 0,
-              1)
-    factory, static = kernel_for(static, n, config)
-    kern = factory(*static)
-    kern(flat, end if end is not None else dummy(dev, torch.int32),
-         output_idx_offset if output_idx_offset is not None else dummy(dev, off_dtype),
-         dummy(dev, torch.int32, (b, 1)), dummy(dev, torch.int32, (b, 1)),
-         values if need_values else dummy(dev, scores.dtype, (1, 1)), indices,
-         n, ld, int(end is not None))
-    if sorted:
-        values, indices = _sort_by_value(values, indices, end, n, k)
-    return (values if return_value else None), indices
-
-
 def _sort_by_value(values, indices, end, n, k):
     """Stable descending sort of the (ascending-index) k lanes on the order key: ties keep the lower
     index first, fills (beyond the valid count) stay last."""
@@ -103,6 +66,158 @@ def _sort_by_value(values, indices, end, n, k):
     return values.gather(1, order), indices.gather(1, order)
 
 
+def _topk_check(scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill_value, value_oob_fill_value,
+                output_idx_offset, return_value):
+    """Every host check of a topk call; returns (b, n)."""
+    b, n = check_topk_args(scores, k, end, sorted=sorted, sorted_index=sorted_index,
+                           indices_type=indices_type, output_idx_offset=output_idx_offset,
+                           return_value=return_value)
+    check_cuda(scores=scores, end=end, output_idx_offset=output_idx_offset)
+    if n > 1 and scores.stride(1) != 1:
+        raise ValueError(f"scores must have unit column stride, got {scores.stride()}")
+    return b, n
+
+
+def _topk_plan(scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill_value, value_oob_fill_value,
+               output_idx_offset, return_value, config=None):
+    """(b, n, need_values, compiled kernel) of a topk call's static key, after its host checks."""
+    b, n = _topk_check(scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill_value,
+                       value_oob_fill_value, output_idx_offset, return_value)
+    need_values = return_value or sorted
+    if b == 0:
+        return b, n, need_values, None
+    off_dtype = output_idx_offset.dtype if output_idx_offset is not None else torch.int32
+    config = config or default_config(b, n, scores.element_size(), scores.device)
+    static = (TORCH_TO_TL[scores.dtype], TORCH_TO_TL[indices_type], TORCH_TO_TL[off_dtype], need_values,
+              output_idx_offset is not None, int(idx_oob_fill_value), float(value_oob_fill_value), "topk", 0,
+              1)
+    return b, n, need_values, kernel(*kernel_for(static, n, config))
+
+
+def _topk_launch(plan_, scores, k, end, sorted, indices_type, output_idx_offset):
+    b, n, need_values, fn = plan_
+    dev = scores.device
+    if debug_checks_enabled():
+        check_end_values(end, n)
+    values = torch.empty((b if need_values else 0, k), dtype=scores.dtype, device=dev)
+    indices = torch.empty((b, k), dtype=indices_type, device=dev)
+    if b == 0:
+        return values, indices
+    end = end.contiguous() if end is not None else None  # the kernel reads them with unit stride
+    off = output_idx_offset.contiguous() if output_idx_offset is not None else None
+    off_dtype = off.dtype if off is not None else torch.int32
+    flat, ld = flat_scores(scores)
+    fn(flat, end if end is not None else dummy(dev, torch.int32),
+       off if off is not None else dummy(dev, off_dtype), dummy(dev, torch.int32, (b, 1)),
+       dummy(dev, torch.int32, (b, 1)),
+       values if need_values else dummy(dev, scores.dtype, (1, 1)), indices, n, ld, int(end is not None))
+    if sorted:
+        values, indices = _sort_by_value(values, indices, end, n, k)
+    return values, indices
+
+
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _topk_impl(scores: Tensor, k: int, end: Tensor | None, sorted: bool, sorted_index: bool,
+               indices_type: torch.dtype, idx_oob_fill_value: int, value_oob_fill_value: float,
+               output_idx_offset: Tensor | None, return_value: bool) -> tuple[Tensor, Tensor]:
+    args = (scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill_value, value_oob_fill_value,
+            output_idx_offset, return_value)
+    return _topk_launch(plan(_PLANS, _topk_plan, args), scores, k, end, sorted, indices_type,
+                        output_idx_offset)
+
+
+def _topk_fake(scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill_value, value_oob_fill_value,
+               output_idx_offset, return_value):
+    b, _ = _topk_check(scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill_value,
+                       value_oob_fill_value, output_idx_offset, return_value)
+    need_values = return_value or sorted
+    return (scores.new_empty((b if need_values else 0, k)), scores.new_empty((b, k), dtype=indices_type))
+
+
+_TOPK_OP = register_op("topk", _topk_impl, _topk_fake)
+
+
+def topk(scores, k, *, end=None, sorted=False, sorted_index=False, indices_type=torch.int32,
+         idx_oob_fill_value=-1, value_oob_fill_value=float("-inf"), output_idx_offset=None,
+         return_value=True, config: TopkConfig | None = None):
+    """Per row: the min(k, end) best of scores[row, :end] (NaN highest, ties to lower index).
+
+    scores: [b, n] fp32/bf16 (unit column stride); end: [b] int32; output_idx_offset: [b] int32/int64.
+    Returns (values [b, k] or None, indices [b, k] indices_type); unsorted output is ascending index.
+    ``torch.ops.tilelang_ops.topk`` (its values are [0, k] when neither return_value nor sorted asks
+    for them). config: the launch (default: `launch.topk_config` for this shape and device); a call with
+    a config launches directly, outside the registered op.
+    """
+    args = (scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill_value, value_oob_fill_value,
+            output_idx_offset, return_value)
+    if config is None:
+        values, indices = call_op(_TOPK_OP, _topk_check, *args)
+    else:
+        if not isinstance(config, TopkConfig):
+            raise TypeError(f"config must be a TopkConfig, got {type(config).__name__}")
+        values, indices = _topk_launch(_topk_plan(*args, config), scores, k, end, sorted, indices_type,
+                                       output_idx_offset)
+    return (values if return_value else None), indices
+
+
+def _slots_check(scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables):
+    """Every host check of a topk_to_slots call; returns (b, n)."""
+    b, n = check_topk_to_slots_args(scores, k, end, candidate_blocks, candidate_block_size, block_size_c,
+                                    block_tables)
+    check_cuda(scores=scores, end=end, candidate_blocks=candidate_blocks, block_tables=block_tables)
+    if n > 1 and scores.stride(1) != 1:
+        raise ValueError(f"scores must have unit column stride, got {scores.stride()}")
+    return b, n
+
+
+def _slots_plan(scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables,
+                config=None):
+    b, n = _slots_check(scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables)
+    if b == 0:
+        return b, n, None
+    config = config or default_config(b, n, scores.element_size(), scores.device)
+    static = (TORCH_TO_TL[scores.dtype], "int32", "int32", False, False, -1, float("-inf"), "slots",
+              candidate_block_size or 0, block_size_c)
+    return b, n, kernel(*kernel_for(static, n, config))
+
+
+def _slots_launch(plan_, scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables):
+    b, n, fn = plan_
+    if debug_checks_enabled():
+        from reference.topk import topk_to_slots_ref
+
+        # the reference runs every value check (end range, candidate range, table range)
+        topk_to_slots_ref(scores, k, end=end, candidate_blocks=candidate_blocks,
+                          candidate_block_size=candidate_block_size, block_size_c=block_size_c,
+                          block_tables=block_tables)
+    dev = scores.device
+    slots = torch.empty((b, k), dtype=torch.int32, device=dev)
+    if b == 0:
+        return slots
+    end = end.contiguous() if end is not None else None
+    flat, ld = flat_scores(scores)
+    cand = candidate_blocks if candidate_blocks is not None else dummy(dev, torch.int32, (b, 1))
+    fn(flat, end if end is not None else dummy(dev, torch.int32), dummy(dev, torch.int32), cand, block_tables,
+       dummy(dev, scores.dtype, (1, 1)), slots, n, ld, int(end is not None))
+    return slots
+
+
+def _slots_impl(scores: Tensor, k: int, end: Tensor | None, candidate_blocks: Tensor | None,
+                candidate_block_size: int | None, block_size_c: int, block_tables: Tensor) -> Tensor:
+    args = (scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables)
+    return _slots_launch(plan(_PLANS, _slots_plan, args), *args)
+
+
+def _slots_fake(scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables):
+    b, _ = _slots_check(scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables)
+    return scores.new_empty((b, k), dtype=torch.int32)
+
+
+_SLOTS_OP = register_op("topk_to_slots", _slots_impl, _slots_fake)
+
+
 def topk_to_slots(scores, k, *, end=None, candidate_blocks=None, candidate_block_size=None,
                   block_size_c, block_tables, config: TopkConfig | None = None):
     """One launch: topk indices (ascending local index) -> candidate restore (optional) -> slots,
@@ -111,33 +226,15 @@ def topk_to_slots(scores, k, *, end=None, candidate_blocks=None, candidate_block
     scores: [b, n] fp32/bf16 (compact candidate rows when candidate_blocks is given); end: [b] int32;
     candidate_blocks: [b, c] int32; block_tables: [b, max_blocks] int32. Returns slots [b, k] int32.
     A row or block the table cannot resolve gives -1 (TILELANG_OPS_DEBUG=1 raises instead).
-    config: the launch (default: `launch.topk_config` for this shape and device).
+    ``torch.ops.tilelang_ops.topk_to_slots``; config: the launch (default: `launch.topk_config` for this
+    shape and device), launched directly, outside the registered op.
     """
-    b, n = check_topk_to_slots_args(scores, k, end, candidate_blocks, candidate_block_size,
-                                    block_size_c, block_tables)
-    dev = check_cuda(scores=scores, end=end, candidate_blocks=candidate_blocks, block_tables=block_tables)
-    if debug_checks_enabled():
-        from reference.topk import topk_to_slots_ref
-
-        # the reference runs every value check (end range, candidate range, table range)
-        topk_to_slots_ref(scores, k, end=end, candidate_blocks=candidate_blocks,
-                          candidate_block_size=candidate_block_size, block_size_c=block_size_c,
-                          block_tables=block_tables)
-    slots = torch.empty((b, k), dtype=torch.int32, device=dev)
-    end = end.contiguous() if end is not None else None
-    if b == 0:
-        return slots
-    flat, ld = flat_scores(scores)
-    cand_bs = candidate_block_size or 0
-    config = config or default_config(b, n, scores.element_size(), dev)
-    static = (TORCH_TO_TL[scores.dtype], "int32", "int32", False, False, -1, float("-inf"), "slots", cand_bs,
-              block_size_c)
-    factory, static = kernel_for(static, n, config)
-    kern = factory(*static)
-    cand = candidate_blocks if candidate_blocks is not None else dummy(dev, torch.int32, (b, 1))
-    kern(flat, end if end is not None else dummy(dev, torch.int32), dummy(dev, torch.int32), cand,
-         block_tables, dummy(dev, scores.dtype, (1, 1)), slots, n, ld, int(end is not None))
-    return slots
+    args = (scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables)
+    if config is None:
+        return call_op(_SLOTS_OP, _slots_check, *args)
+    if not isinstance(config, TopkConfig):
+        raise TypeError(f"config must be a TopkConfig, got {type(config).__name__}")
+    return _slots_launch(_slots_plan(*args, config), *args)
 
 
 _TOPK = ("float32", "int32", "int32", True, False, -1, float("-inf"), "topk", 0, 1)

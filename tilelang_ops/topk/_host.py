@@ -1,19 +1,9 @@
-"""Host-side helpers of the top-k wrappers: dtype names, dummy buffers, the flat view of strided rows."""
+"""Host-side helpers of the top-k wrappers: dtype names, the flat view of strided rows."""
 
 import torch
 
 TORCH_TO_TL = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.int32: "int32",
                torch.int64: "int64"}
-
-_DUMMY = {}
-
-
-def dummy(device, dtype, shape=(1,)):
-    """A cached zero buffer for an argument the launch does not read."""
-    key = (device, dtype, shape)
-    if key not in _DUMMY:
-        _DUMMY[key] = torch.zeros(shape, dtype=dtype, device=device)
-    return _DUMMY[key]
 
 
 def flat_scores(scores):

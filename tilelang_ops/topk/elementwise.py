@@ -13,9 +13,12 @@ from metadata.topk_args import (
     check_restore_args,
     check_restore_values,
 )
-from tilelang_ops.topk._host import TORCH_TO_TL, dummy, flat_scores
+from tilelang_ops._library import call_op, dummy, kernel, plan, register_op
+from tilelang_ops.topk._host import TORCH_TO_TL, flat_scores
 
 ELEM_THREADS = 256
+Tensor = torch.Tensor
+_PLANS: dict[tuple, object] = {}
 
 
 @tilelang.jit
@@ -65,26 +68,51 @@ def block_max_kernel(block_size: int, in_dtype: str = "float32"):
     return kernel
 
 
+def _block_max_check(scores, block_size, end):
+    """Every host check of a block_max_scores call; returns (b, n, blocks per row)."""
+    b, n = check_block_max_args(scores, block_size, end)
+    check_cuda(scores=scores, end=end)
+    if n > 1 and scores.stride(1) != 1:
+        raise ValueError(f"scores must have unit column stride, got {scores.stride()}")
+    if b and n and (b - 1) * scores.stride(0) + n >= 2**31:
+        raise ValueError(f"block_max_scores supports < 2^31 score elements, got rows up to "
+                         f"{(b - 1) * scores.stride(0) + n}")
+    return b, n, (n + block_size - 1) // block_size
+
+
+def _block_max_plan(scores, block_size, end):
+    b, n, nblk = _block_max_check(scores, block_size, end)
+    return b, n, nblk, kernel(block_max_kernel, block_size, TORCH_TO_TL[scores.dtype]) if b and nblk else None
+
+
+def _block_max_impl(scores: Tensor, block_size: int, end: Tensor | None = None) -> Tensor:
+    b, n, nblk, fn = plan(_PLANS, _block_max_plan, (scores, block_size, end))
+    if debug_checks_enabled():
+        check_end_values(end, n)
+    out = torch.empty((b, nblk), dtype=scores.dtype, device=scores.device)
+    if fn is not None:
+        flat, ld = flat_scores(scores)
+        fn(flat, end.contiguous() if end is not None else dummy(scores.device, torch.int32), out, n, ld,
+           int(end is not None))
+    return out
+
+
+def _block_max_fake(scores, block_size, end=None):
+    b, n = check_block_max_args(scores, block_size, end)
+    check_cuda(scores=scores, end=end)
+    return scores.new_empty((b, (n + block_size - 1) // block_size))
+
+
+_BLOCK_MAX_OP = register_op("block_max_scores", _block_max_impl, _block_max_fake)
+
+
 def block_max_scores(scores, block_size, end=None):
     """out[r, j] = max(scores[r, i] for i in block j, i < end[r]); -inf if none; NaN if any is NaN.
 
-    scores: [b, n] fp32/bf16; end: [b] int32 or None. Returns [b, ceil(n / block_size)] scores.dtype.
+    scores: [b, n] fp32/bf16 (unit column stride); end: [b] int32 or None. Returns [b, ceil(n / block_size)]
+    scores.dtype (``torch.ops.tilelang_ops.block_max_scores``).
     """
-    b, n = check_block_max_args(scores, block_size, end)
-    dev = check_cuda(scores=scores, end=end)
-    if debug_checks_enabled():
-        check_end_values(end, n)
-    nblk = (n + block_size - 1) // block_size
-    out = torch.empty((b, nblk), dtype=scores.dtype, device=dev)
-    end = end.contiguous() if end is not None else None
-    if b == 0 or nblk == 0:
-        return out
-    flat, ld = flat_scores(scores)
-    if flat.numel() >= 2**31:
-        raise ValueError(f"block_max_scores supports < 2^31 score elements, got {flat.numel()}")
-    block_max_kernel(block_size, TORCH_TO_TL[scores.dtype])(
-        flat, end if end is not None else dummy(dev, torch.int32), out, n, ld, int(end is not None))
-    return out
+    return call_op(_BLOCK_MAX_OP, _block_max_check, scores, block_size, end)
 
 
 @tilelang.jit
@@ -115,16 +143,40 @@ def restore_kernel(block_size: int):
     return kernel
 
 
+def _restore_check(index, candidate_blocks, block_size):
+    """Every host check of a restore_candidate_indices_ call; returns (b, k)."""
+    b, k, _ = check_restore_args(index, candidate_blocks, block_size)
+    check_cuda(index=index, candidate_blocks=candidate_blocks)
+    return b, k
+
+
+def _restore_plan(index, candidate_blocks, block_size):
+    b, k = _restore_check(index, candidate_blocks, block_size)
+    return kernel(restore_kernel, block_size) if b and k else None
+
+
+def _restore_impl(index: Tensor, candidate_blocks: Tensor, block_size: int) -> None:
+    fn = plan(_PLANS, _restore_plan, (index, candidate_blocks, block_size))
+    if debug_checks_enabled():
+        check_restore_values(index, candidate_blocks, block_size)
+    if fn is not None:
+        fn(index, candidate_blocks)
+
+
+def _restore_fake(index, candidate_blocks, block_size):
+    check_restore_args(index, candidate_blocks, block_size)
+    check_cuda(index=index, candidate_blocks=candidate_blocks)
+
+
+_RESTORE_OP = register_op("restore_candidate_indices_", _restore_impl, _restore_fake, mutates_args=("index",))
+
+
 def restore_candidate_indices_(index, candidate_blocks, block_size):
     """In place: local i -> candidate_blocks[r, i // bs] * bs + i % bs; -1 stays -1 (and a lane
     beyond the candidates or in a negative block becomes -1). index: [b, k] int32;
-    candidate_blocks: [b, c] int32. Returns index."""
-    b, k, _ = check_restore_args(index, candidate_blocks, block_size)
-    check_cuda(index=index, candidate_blocks=candidate_blocks)
-    if debug_checks_enabled():
-        check_restore_values(index, candidate_blocks, block_size)
-    if b and k:
-        restore_kernel(block_size)(index, candidate_blocks)
+    candidate_blocks: [b, c] int32. Returns index (``torch.ops.tilelang_ops.restore_candidate_indices_``
+    returns nothing)."""
+    call_op(_RESTORE_OP, _restore_check, index, candidate_blocks, block_size)
     return index
 
 
@@ -154,14 +206,38 @@ def convert_kernel(block_size_c: int):
     return kernel
 
 
+def _convert_check(index, block_size_c, valid_lens, block_tables):
+    """Every host check of a convert_kv_index_ call; returns (b, L, k)."""
+    b, L, k, _ = check_convert_args(index, block_size_c, valid_lens, block_tables)
+    check_cuda(index=index, valid_lens=valid_lens, block_tables=block_tables)
+    return b, L, k
+
+
+def _convert_plan(index, block_size_c, valid_lens, block_tables):
+    b, L, k = _convert_check(index, block_size_c, valid_lens, block_tables)
+    return kernel(convert_kernel, block_size_c) if b and L and k else None
+
+
+def _convert_impl(index: Tensor, block_size_c: int, valid_lens: Tensor, block_tables: Tensor) -> None:
+    fn = plan(_PLANS, _convert_plan, (index, block_size_c, valid_lens, block_tables))
+    if debug_checks_enabled():
+        check_convert_values(index, block_size_c, valid_lens, block_tables)
+    if fn is not None:
+        fn(index, valid_lens, block_tables)
+
+
+def _convert_fake(index, block_size_c, valid_lens, block_tables):
+    check_convert_args(index, block_size_c, valid_lens, block_tables)
+    check_cuda(index=index, valid_lens=valid_lens, block_tables=block_tables)
+
+
+_CONVERT_OP = register_op("convert_kv_index_", _convert_impl, _convert_fake, mutates_args=("index",))
+
+
 def convert_kv_index_(index, block_size_c, valid_lens, block_tables):
     """In place: slot(j) = block_tables[r, j // Bc] * Bc + j % Bc for lanes < valid_lens[r, t] holding
     j >= 0; every other lane becomes -1. index: [b, L, k] int32; valid_lens: [b, L] int32;
-    block_tables: [b, max_blocks] int32. Returns index."""
-    b, L, k, _ = check_convert_args(index, block_size_c, valid_lens, block_tables)
-    check_cuda(index=index, valid_lens=valid_lens, block_tables=block_tables)
-    if debug_checks_enabled():
-        check_convert_values(index, block_size_c, valid_lens, block_tables)
-    if b and L and k:
-        convert_kernel(block_size_c)(index, valid_lens, block_tables)
+    block_tables: [b, max_blocks] int32. Returns index (``torch.ops.tilelang_ops.convert_kv_index_``
+    returns nothing)."""
+    call_op(_CONVERT_OP, _convert_check, index, block_size_c, valid_lens, block_tables)
     return index
