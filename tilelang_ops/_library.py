@@ -35,6 +35,9 @@ OPS: dict[str, object] = {}
 # (position, Python type, optional) of each op's scalar arguments: the dispatcher would take a 0-d tensor
 # or a bool as an int, so the Python API checks the exact type first
 _SCALAR_ARGS: dict[object, tuple[tuple[int, type, bool], ...]] = {}
+# the CUDA implementation of each op (version bumps included) and the positions of its tensor arguments:
+# the eager path of the Python API (``call_op``)
+_EAGER: dict[object, tuple[Callable, tuple[int, ...]]] = {}
 _SCALAR_TYPES = {"SymInt": int, "int": int, "bool": bool, "float": float, "str": str,
                  "ScalarType": torch.dtype}
 
@@ -47,10 +50,9 @@ def _bump_versions(impl: Callable, indices: tuple[int, ...]) -> Callable:
     bump = torch._C._increment_version
 
     def run(*args):
-        for i in indices:
-            t = args[i]
-            if t is not None and not t.is_inference():
-                bump(t)
+        # one call with a list: given a bare tensor, _increment_version iterates its first dimension and
+        # bumps the counter once per row
+        bump([t for t in (args[i] for i in indices) if t is not None and not t.is_inference()])
         return impl(*args)
 
     return run
@@ -62,12 +64,13 @@ def register_op(name: str, impl: Callable, fake: Callable, *, mutates_args: Sequ
     op's default overload."""
     schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates_args))
     _LIB.define(name + schema)
-    params = schema.split("(", 1)[1].rsplit(")", 1)[0].split(", ")
+    params = schema[1:schema.index(") ->")].split(", ")  # "(args) -> returns"; no default holds ", "
     mutated = tuple(i for i, p in enumerate(params) if "(a" in p and "!)" in p)
     # no derivative: Autograd and ADInplaceOrView fall through in C++ (see the module docstring)
     _LIB.impl(name, torch.library.fallthrough_kernel, "Autograd")
     _LIB.impl(name, torch.library.fallthrough_kernel, "ADInplaceOrView")
-    _LIB.impl(name, _bump_versions(impl, mutated), "CUDA")
+    cuda_impl = _bump_versions(impl, mutated)
+    _LIB.impl(name, cuda_impl, "CUDA")
     # CPU tensors reach the implementation too, whose host checks name the argument on the CPU
     _LIB.impl(name, impl, "CPU")
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIB)
@@ -75,6 +78,7 @@ def register_op(name: str, impl: Callable, fake: Callable, *, mutates_args: Sequ
     OPS[name] = overload
     _SCALAR_ARGS[overload] = tuple((i, _SCALAR_TYPES[p.split()[0].rstrip("?")], p.split()[0].endswith("?"))
                                    for i, p in enumerate(params) if not p.startswith("Tensor"))
+    _EAGER[overload] = cuda_impl, tuple(i for i, p in enumerate(params) if p.startswith("Tensor"))
     return overload
 
 
@@ -105,17 +109,35 @@ def plan(cache: dict, make: Callable, args: tuple):
     return found
 
 
+def _plain_eager(tensor_positions: tuple[int, ...], args: tuple) -> bool:
+    """Whether a call is plain eager: not traced by torch.compile, no dispatch or torch-function mode active,
+    every tensor argument a plain ``torch.Tensor`` (no fake, functional or other subclass)."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
+            or torch._C._is_torch_function_mode_enabled():
+        return False
+    for i in tensor_positions:
+        a = args[i]
+        if a is not None and a.__class__ is not torch.Tensor:
+            return False
+    return True
+
+
 def call_op(op, check: Callable, *args):
     """``op(*args)``; where the dispatcher rejects an argument (a type its schema does not take), or the
-    op fails, ``check(*args)`` (the op's host checks) raises the error that names the argument first."""
+    op fails, ``check(*args)`` (the op's host checks) raises the error that names the argument first.
+
+    A plain eager call (``_plain_eager``) runs the op's CUDA implementation itself, which is what the
+    dispatcher would call (the op has no derivative and no other kernel for CUDA tensors), without the
+    dispatcher's boxing of every argument; traced, fake or mode-wrapped calls go through the op."""
     for i, kind, optional in _SCALAR_ARGS[op]:
         a = args[i]
         t = a.__class__
         if t is not kind and not (optional and a is None) and not (kind is float and t is int):
             check(*args)
             raise TypeError(f"{op}: argument {i} must be a Python {kind.__name__}, got {t.__name__}")
+    impl, tensor_positions = _EAGER[op]
     try:
-        return op(*args)
+        return impl(*args) if _plain_eager(tensor_positions, args) else op(*args)
     except (TypeError, RuntimeError):
         check(*args)
         raise
