@@ -97,6 +97,34 @@ def test_scalar_arguments_are_checked_before_the_dispatcher(value, kind):
         call(tilelang_ops.compress_decode)
 
 
+def test_a_mutated_tensor_is_bumped_once_per_call():
+    from tilelang_ops._library import _bump_versions
+
+    cache, other = torch.zeros(1000, 4), torch.zeros(3)
+    run = _bump_versions(lambda cache, other, out: None, (0, 2))
+    v = cache._version, other._version
+    run(cache, other, None)
+    assert (cache._version, other._version) == (v[0] + 1, v[1])
+
+
+def test_only_plain_eager_calls_skip_the_dispatcher():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tilelang_ops._library import _plain_eager
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x = torch.zeros(2)
+    assert _plain_eager((0, 1), (x, None))
+    with FakeTensorMode():
+        assert not _plain_eager((0,), (torch.empty(2),))
+    with Passthrough():
+        assert not _plain_eager((0,), (x,))
+    assert not _plain_eager((0,), (torch.nn.Parameter(x),))
+
+
 def test_cpu_tensors_get_the_named_device_error():
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         B.decode_call("cpu")(tilelang_ops.compress_decode)

@@ -43,17 +43,18 @@ _SCALAR_TYPES = {"SymInt": int, "int": int, "bool": bool, "float": float, "str":
 
 
 def _bump_versions(impl: Callable, indices: tuple[int, ...]) -> Callable:
-    """``impl`` preceded by what the skipped ADInplaceOrView kernel does: a version bump of each
-    mutated argument (inference tensors have no version counter)."""
+    """``impl`` followed by what the skipped ADInplaceOrView kernel does: a version bump of each mutated
+    argument (inference tensors have no version counter), once the call has succeeded."""
     if not indices:
         return impl
     bump = torch._C._increment_version
 
     def run(*args):
+        out = impl(*args)
         # one call with a list: given a bare tensor, _increment_version iterates its first dimension and
         # bumps the counter once per row
         bump([t for t in (args[i] for i in indices) if t is not None and not t.is_inference()])
-        return impl(*args)
+        return out
 
     return run
 
