@@ -15,8 +15,10 @@ export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export TILELANG_CACHE_DIR ?= $(CURDIR)/.cache/tilelang
 PYTEST_ARGS ?=
 # On a CUDA machine `make test` first compiles every kernel the GPU tests launch, in parallel processes,
-# then runs pytest in TEST_WORKERS parallel workers (pytest-xdist, where installed).
-TEST_WORKERS ?= auto
+# then runs pytest in TEST_WORKERS parallel workers (pytest-xdist, where installed): one per CPU, at most one
+# per 10 GiB of GPU memory (the largest GPU tests hold several GiB each).
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os, torch; print(max(1, min(os.cpu_count(), \
+	torch.cuda.get_device_properties(0).total_memory // (10 << 30))))" 2>/dev/null || echo 1)
 HAVE_CUDA = $(shell $(PYTHON) -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null)
 HAVE_XDIST = $(shell $(PYTHON) -c "import xdist" >/dev/null 2>&1 && echo yes)
 

@@ -108,11 +108,19 @@ def check_same_device(**tensors) -> torch.device:
     return next(iter(devices.values()))
 
 
+def has_memory(t: torch.Tensor) -> bool:
+    """Whether a tensor has an address to check: not a meta or fake tensor, and not traced by
+    torch.compile (whose tensors are fake)."""
+    if torch.compiler.is_compiling():
+        return False
+    return t.device.type != "meta" and not is_fake(t)
+
+
 def check_aligned(**tensors) -> None:
     """16-byte vector accesses need 16-byte aligned bases (torch allocations are; odd views may not be).
-    None, non-contiguous tensors (a launch copies them) and tensors without memory (fake, meta) pass."""
+    None, non-contiguous tensors (a launch copies them) and tensors without memory pass."""
     for name, t in tensors.items():
-        if t is None or not t.is_contiguous() or t.device.type == "meta" or is_fake(t):
+        if t is None or not t.is_contiguous() or not has_memory(t):
             continue
         if t.data_ptr() % 16:
             raise ValueError(f"{name} must start at a 16-byte aligned address for the vectorized kernel, "
@@ -120,9 +128,8 @@ def check_aligned(**tensors) -> None:
 
 
 def same_start(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors start at the same address; tensors without memory (the fake tensors of a
-    trace, meta tensors) never do."""
-    if a.device.type == "meta" or is_fake(a) or is_fake(b):
+    """Whether two tensors start at the same address; tensors without memory (``has_memory``) never do."""
+    if not (has_memory(a) and has_memory(b)):
         return False
     return a.data_ptr() == b.data_ptr()
 

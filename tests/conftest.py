@@ -16,6 +16,8 @@ def _seed_everything():
     np.random.seed(0)
     torch.manual_seed(0)
     yield
+    if HAS_CUDA:  # parallel workers share the GPU: give back what a test's tensors held
+        torch.cuda.empty_cache()
 
 
 def case_id(case) -> str:

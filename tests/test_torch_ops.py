@@ -11,6 +11,7 @@ a decode step replayed on new inputs, bitwise equal to eager.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import subprocess
 import sys
@@ -60,7 +61,8 @@ def test_every_registered_op_has_cases_and_a_top_level_function():
 def test_package_import_compiles_nothing(tmp_path):
     cache = tmp_path / "cache"
     code = "import tilelang_ops, torch; print(len(tilelang_ops.OPS), torch.ops.tilelang_ops.compress_decode)"
-    env = dict(os.environ, TILELANG_CACHE_DIR=str(cache), PYTHONPATH=ROOT)
+    env = dict(os.environ, TILELANG_CACHE_DIR=str(cache),
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     compiled = [p for p in cache.rglob("*") if p.is_file()] if cache.exists() else []
@@ -188,10 +190,31 @@ def test_prefill_without_num_rows_traces_a_dynamic_row_count():
 # ----------------------------------------------------------------------------------------------
 
 def _schema_kwargs(case, call):
-    """The call's arguments by schema name (what torch.ops and opcheck take)."""
-    kw = {**call.args, **call.kwargs}
+    """The call's arguments by schema name (what torch.ops and opcheck take), the Python API's defaults for
+    those it leaves out (topk's schema has none: its parser takes no -inf); the cache format by its name,
+    and ``clean`` logits (opcheck compares two calls' outputs, so no column may be left unwritten)."""
+    defaults = {n: p.default for n, p in inspect.signature(case.fn).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    kw = {**defaults, **call.args, **call.kwargs}
     names = {a.name for a in _op(case.op)._schema.arguments}
+    if "fmt" in kw:
+        kw["fmt"] = kw["fmt"].name
+    if "clean" in names:
+        kw["clean"] = True
     return {k: v for k, v in kw.items() if k in names}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_the_registered_op_takes_the_schema_call(case):
+    """torch.ops.tilelang_ops.<op> called by schema name, as opcheck calls it, runs (fakes on fake CUDA
+    tensors); its last output is the Python API's (ops that fill a tensor in place return nothing)."""
+    call = case.call("cpu")
+    with FakeTensorMode():
+        fake = to_fake_cuda(call)
+        want = _meta(fake.fresh()(case.fn))
+        got = _meta(_op(case.op)(**_schema_kwargs(case, fake)))
+    if got or not MUTATES[case.op]:  # an op that only fills its arguments returns nothing
+        assert got[-1:] == want[-1:], f"{case.id}: op {got}, Python API {want}"
 
 
 @needs_cuda

@@ -40,6 +40,10 @@ _SCALAR_ARGS: dict[object, tuple[tuple[int, type, bool], ...]] = {}
 _EAGER: dict[object, tuple[Callable, tuple[int, ...]]] = {}
 _SCALAR_TYPES = {"SymInt": int, "int": int, "bool": bool, "float": float, "str": str,
                  "ScalarType": torch.dtype}
+# the classes each kind accepts: an int where a float goes, and the symbolic values torch.compile passes
+# for Python scalars it does not specialize
+_ACCEPTS = {int: (int, torch.SymInt), bool: (bool, torch.SymBool),
+            float: (float, int, torch.SymFloat, torch.SymInt), str: (str,), torch.dtype: (torch.dtype,)}
 
 
 def _bump_versions(impl: Callable, indices: tuple[int, ...]) -> Callable:
@@ -133,7 +137,7 @@ def call_op(op, check: Callable, *args):
     for i, kind, optional in _SCALAR_ARGS[op]:
         a = args[i]
         t = a.__class__
-        if t is not kind and not (optional and a is None) and not (kind is float and t is int):
+        if t is not kind and t not in _ACCEPTS[kind] and not (optional and a is None):
             check(*args)
             raise TypeError(f"{op}: argument {i} must be a Python {kind.__name__}, got {t.__name__}")
     impl, tensor_positions = _EAGER[op]

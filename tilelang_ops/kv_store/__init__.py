@@ -10,7 +10,8 @@ import torch
 
 from metadata.checks import check_aligned, check_cuda, debug_checks_enabled
 from metadata.kv_store_args import check_store_args, check_store_values
-from tilelang_ops._library import call_op, dummy, kernel, plan, register_op
+from tilelang_ops._library import call_op, dummy, plan, register_op
+from tilelang_ops._library import kernel as compiled  # (the package's own `kernel` is its kernel module)
 from tilelang_ops.kv_store.config import (
     DEFAULT_CONFIGS,
     FORMATS,
@@ -126,7 +127,7 @@ def _store_plan(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cach
                          _TORCH_TO_TL[norm_weight.dtype], _TORCH_TO_TL[positions.dtype],
                          _TORCH_TO_TL[slot_mapping.dtype],
                          config or launch_config(fmt, geom.rows, rope_dim, interleaved))
-    return geom, kernel(kv_store_kernel, *static)
+    return geom, compiled(kv_store_kernel, *static)
 
 
 def _store_launch(plan_, kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, out_norm):

@@ -50,7 +50,8 @@ def _gather(device):
     from tilelang_ops.testing.gather_rows import GatherCase, gather_inputs
 
     x, index, _ = gather_inputs(GatherCase("ops", n=40, d=64, m=24, pattern="perm"), device)
-    return B.Call(dict(x=x, index=index), {}, ())
+    # finite rows: opcheck compares outputs with allclose, for which NaN differs from NaN
+    return B.Call(dict(x=torch.nan_to_num(x, 0.0, 0.0, 0.0), index=index), {}, ())
 
 
 def _quantize(device):

@@ -91,7 +91,8 @@ def _topk_plan(scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill_
     static = (TORCH_TO_TL[scores.dtype], TORCH_TO_TL[indices_type], TORCH_TO_TL[off_dtype], need_values,
               output_idx_offset is not None, int(idx_oob_fill_value), float(value_oob_fill_value), "topk", 0,
               1)
-    return b, n, need_values, kernel(*kernel_for(static, n, config))
+    factory, static = kernel_for(static, n, config)
+    return b, n, need_values, kernel(factory, *static)
 
 
 def _topk_launch(plan_, scores, k, end, sorted, indices_type, output_idx_offset):
@@ -122,6 +123,7 @@ _PLANS: dict[tuple, tuple] = {}
 def _topk_impl(scores: Tensor, k: int, end: Tensor | None, sorted: bool, sorted_index: bool,
                indices_type: torch.dtype, idx_oob_fill_value: int, value_oob_fill_value: float,
                output_idx_offset: Tensor | None, return_value: bool) -> tuple[Tensor, Tensor]:
+    # no schema defaults: the schema parser takes no -inf (the Python API ``topk`` has them)
     args = (scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill_value, value_oob_fill_value,
             output_idx_offset, return_value)
     return _topk_launch(plan(_PLANS, _topk_plan, args), scores, k, end, sorted, indices_type,
@@ -162,7 +164,11 @@ def topk(scores, k, *, end=None, sorted=False, sorted_index=False, indices_type=
     return (values if return_value else None), indices
 
 
-def _slots_check(scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables):
+# The registered op takes its required arguments first: (scores, k, block_size_c, block_tables, end,
+# candidate_blocks, candidate_block_size), so ``torch.ops.tilelang_ops.topk_to_slots`` has defaults.
+
+def _slots_check(scores, k, block_size_c, block_tables, end=None, candidate_blocks=None,
+                 candidate_block_size=None):
     """Every host check of a topk_to_slots call; returns (b, n)."""
     b, n = check_topk_to_slots_args(scores, k, end, candidate_blocks, candidate_block_size, block_size_c,
                                     block_tables)
@@ -172,18 +178,19 @@ def _slots_check(scores, k, end, candidate_blocks, candidate_block_size, block_s
     return b, n
 
 
-def _slots_plan(scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables,
+def _slots_plan(scores, k, block_size_c, block_tables, end, candidate_blocks, candidate_block_size,
                 config=None):
-    b, n = _slots_check(scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables)
+    b, n = _slots_check(scores, k, block_size_c, block_tables, end, candidate_blocks, candidate_block_size)
     if b == 0:
         return b, n, None
     config = config or default_config(b, n, scores.element_size(), scores.device)
     static = (TORCH_TO_TL[scores.dtype], "int32", "int32", False, False, -1, float("-inf"), "slots",
               candidate_block_size or 0, block_size_c)
-    return b, n, kernel(*kernel_for(static, n, config))
+    factory, static = kernel_for(static, n, config)
+    return b, n, kernel(factory, *static)
 
 
-def _slots_launch(plan_, scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables):
+def _slots_launch(plan_, scores, k, block_size_c, block_tables, end, candidate_blocks, candidate_block_size):
     b, n, fn = plan_
     if debug_checks_enabled():
         from reference.topk import topk_to_slots_ref
@@ -204,14 +211,15 @@ def _slots_launch(plan_, scores, k, end, candidate_blocks, candidate_block_size,
     return slots
 
 
-def _slots_impl(scores: Tensor, k: int, end: Tensor | None, candidate_blocks: Tensor | None,
-                candidate_block_size: int | None, block_size_c: int, block_tables: Tensor) -> Tensor:
-    args = (scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables)
+def _slots_impl(scores: Tensor, k: int, block_size_c: int, block_tables: Tensor, end: Tensor | None = None,
+                candidate_blocks: Tensor | None = None, candidate_block_size: int | None = None) -> Tensor:
+    args = (scores, k, block_size_c, block_tables, end, candidate_blocks, candidate_block_size)
     return _slots_launch(plan(_PLANS, _slots_plan, args), *args)
 
 
-def _slots_fake(scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables):
-    b, _ = _slots_check(scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables)
+def _slots_fake(scores, k, block_size_c, block_tables, end=None, candidate_blocks=None,
+                candidate_block_size=None):
+    b, _ = _slots_check(scores, k, block_size_c, block_tables, end, candidate_blocks, candidate_block_size)
     return scores.new_empty((b, k), dtype=torch.int32)
 
 
@@ -226,10 +234,11 @@ def topk_to_slots(scores, k, *, end=None, candidate_blocks=None, candidate_block
     scores: [b, n] fp32/bf16 (compact candidate rows when candidate_blocks is given); end: [b] int32;
     candidate_blocks: [b, c] int32; block_tables: [b, max_blocks] int32. Returns slots [b, k] int32.
     A row or block the table cannot resolve gives -1 (TILELANG_OPS_DEBUG=1 raises instead).
-    ``torch.ops.tilelang_ops.topk_to_slots``; config: the launch (default: `launch.topk_config` for this
-    shape and device), launched directly, outside the registered op.
+    ``torch.ops.tilelang_ops.topk_to_slots(scores, k, block_size_c, block_tables, end, candidate_blocks,
+    candidate_block_size)``; config: the launch (default: `launch.topk_config` for this shape and device),
+    launched directly, outside the registered op.
     """
-    args = (scores, k, end, candidate_blocks, candidate_block_size, block_size_c, block_tables)
+    args = (scores, k, block_size_c, block_tables, end, candidate_blocks, candidate_block_size)
     if config is None:
         return call_op(_SLOTS_OP, _slots_check, *args)
     if not isinstance(config, TopkConfig):
