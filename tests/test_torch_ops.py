@@ -127,6 +127,53 @@ def test_only_plain_eager_calls_skip_the_dispatcher():
     assert not _plain_eager((0,), (torch.nn.Parameter(x),))
 
 
+def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
+    """Each case's eager path, and the decode step's, on the CPU up to the launches: the host checks (the
+    device check passing), the plan, every kernel's static arguments bound into its sm_90a TIR, and each
+    launch given as many arguments as that prim_func takes (what the CUDA tier would otherwise find first)."""
+    import sys
+    import types
+
+    from tvm.target import Target
+
+    from tilelang_ops import _library
+    from tilelang_ops.build import SM90_TARGET
+
+    params: dict = {}
+
+    def bound(factory, *static):
+        key = (id(factory), static)
+        if key not in params:
+            with Target(SM90_TARGET):
+                params[key] = len(factory.get_tir(*static).params)
+
+        def launch(*args):
+            assert len(args) == params[key], f"{factory}{static}: {len(args)} arguments, {params[key]} params"
+        return launch
+
+    props = types.SimpleNamespace(multi_processor_count=132, L2_cache_size=50 << 20, total_memory=80 << 30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    compile_helper = _library.kernel
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("tilelang_ops") or module is None:
+            continue
+        if hasattr(module, "check_cuda"):
+            monkeypatch.setattr(module, "check_cuda", lambda **tensors: torch.device("cpu"))
+        for attr, value in vars(module).copy().items():
+            if value is compile_helper:  # under whatever name a module imported it
+                monkeypatch.setattr(module, attr, bound)
+    monkeypatch.setattr(sys.modules["tilelang_ops.topk.launch"], "device_props", lambda device: props)
+    _library.forget_plans()
+    try:
+        for case in CASES:
+            case.call("cpu").fresh()(case.fn)
+        step, tensors = _step("cpu")
+        step(*tensors)
+    finally:
+        _library.forget_plans()  # the plans hold the stand-in launches
+    assert len(params) >= len({c.op for c in CASES}) - 2, params
+
+
 def test_cpu_tensors_get_the_named_device_error():
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         B.decode_call("cpu")(tilelang_ops.compress_decode)

@@ -100,6 +100,7 @@ def plan_key(args: Sequence) -> tuple:
 
 
 MAX_PLANS = 4096  # launch plans kept per op; prefill shapes vary per call, so the cache is bounded
+_PLAN_CACHES: dict[int, dict] = {}
 
 
 def plan(cache: dict, make: Callable, args: tuple):
@@ -110,8 +111,16 @@ def plan(cache: dict, make: Callable, args: tuple):
     if found is None:
         if len(cache) >= MAX_PLANS:
             cache.clear()
+        _PLAN_CACHES[id(cache)] = cache
         found = cache[key] = make(*args)
     return found
+
+
+def forget_plans() -> None:
+    """Drop every launch plan and compiled kernel of this process (the next calls check and look up again)."""
+    for cache in _PLAN_CACHES.values():
+        cache.clear()
+    _KERNELS.clear()
 
 
 def _plain_eager(tensor_positions: tuple[int, ...], args: tuple) -> bool:
