@@ -24,7 +24,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 import tilelang_ops
 from tilelang_ops.testing import bad_input as B
 from tilelang_ops.testing.index_path import PathCase, build_path, decode_step, decode_step_args
-from tilelang_ops.testing.torch_ops import CASES, MUTATES, outputs, to_fake_cuda
+from tilelang_ops.testing.torch_ops import CASES, MUTATES, OP_CASES, outputs, to_fake_cuda
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -127,6 +127,23 @@ def test_only_plain_eager_calls_skip_the_dispatcher():
     assert not _plain_eager((0,), (torch.nn.Parameter(x),))
 
 
+def _launch_with_configs():
+    """The ``config=`` paths (tests, benchmarks and tools launch them directly)."""
+    from tilelang_ops.compress_store import CompressStoreConfig
+    from tilelang_ops.kv_store import DEFAULT_CONFIGS
+    from tilelang_ops.topk import TopkConfig
+
+    for config in (TopkConfig(), TopkConfig("tile"), TopkConfig("warp"), TopkConfig(split=2)):
+        B.topk_call("cpu")(functools.partial(tilelang_ops.topk, config=config))
+        B.topk_to_slots_call("cpu")(functools.partial(tilelang_ops.topk_to_slots, config=config))
+    for case in ("store_fp8_main", "store_fp4_index"):
+        call = OP_CASES[case].call("cpu")
+        call(functools.partial(tilelang_ops.norm_rope_hadamard_cast_store,
+        config=DEFAULT_CONFIGS[call["fmt"].name]))
+    B.compress_store_prefill_call("cpu")(functools.partial(tilelang_ops.compress_store_prefill,
+                                                           config=CompressStoreConfig(rows_per_warp=8)))
+
+
 def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
     """Each case's eager path, and the decode step's, on the CPU up to the launches: the host checks (the
     device check passing), the plan, every kernel's static arguments bound into its sm_90a TIR, and each
@@ -169,6 +186,7 @@ def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
             case.call("cpu").fresh()(case.fn)
         step, tensors = _step("cpu")
         step(*tensors)
+        _launch_with_configs()
     finally:
         _library.forget_plans()  # the plans hold the stand-in launches
     assert len(params) >= len({c.op for c in CASES}) - 2, params
