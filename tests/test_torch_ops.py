@@ -138,8 +138,8 @@ def _launch_with_configs():
         B.topk_to_slots_call("cpu")(functools.partial(tilelang_ops.topk_to_slots, config=config))
     for case in ("store_fp8_main", "store_fp4_index"):
         call = OP_CASES[case].call("cpu")
-        call(functools.partial(tilelang_ops.norm_rope_hadamard_cast_store,
-        config=DEFAULT_CONFIGS[call["fmt"].name]))
+        config = DEFAULT_CONFIGS[call["fmt"].name]
+        call(functools.partial(tilelang_ops.norm_rope_hadamard_cast_store, config=config))
     B.compress_store_prefill_call("cpu")(functools.partial(tilelang_ops.compress_store_prefill,
                                                            config=CompressStoreConfig(rows_per_warp=8)))
 
