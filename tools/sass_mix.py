@@ -1,8 +1,8 @@
 """Static SASS of a kernel the benchmarks launch, without a GPU: lower it and nvcc-compile its CUDA for
 sm_90a with TileLang's flags, then disassemble it. Prints ptxas's registers / spills, the instruction
 count, the opcode mix and the barriers, and writes <case>.cu / .sass to --out (default /tmp/sass). The
-remaining top-k and FP4-index targets are bound by issued instructions (bench_results/h200.txt), so a
-candidate change can be counted here before it costs device time; the counts are static (every path of
+kernels bound by issued instructions (docs/design.md: the FP4 index store, index logits) can have a
+candidate change counted here before it costs device time; the counts are static (every path of
 the kernel once), not what one launch executes.
 
 Needs a cuobjdump: $CUOBJDUMP, one on PATH, or the one Triton's wheel carries (no GPU needed):
