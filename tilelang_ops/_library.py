@@ -32,12 +32,10 @@ NAMESPACE = "tilelang_ops"
 # The Library object that holds the direct registrations must stay alive as long as the ops.
 _LIB = torch.library.Library(NAMESPACE, "DEF")
 OPS: dict[str, object] = {}
-# (position, Python type, optional) of each op's scalar arguments: the dispatcher would take a 0-d tensor
-# or a bool as an int, so the Python API checks the exact type first
-_SCALAR_ARGS: dict[object, tuple[tuple[int, type, bool], ...]] = {}
-# the CUDA implementation of each op (version bumps included) and the positions of its tensor arguments:
-# the eager path of the Python API (``call_op``)
-_EAGER: dict[object, tuple[Callable, tuple[int, ...]]] = {}
+# per op, what its Python API needs (``call_op``): the CUDA implementation (version bumps included), the
+# positions of its tensor arguments, and (position, Python type, optional) of its scalar arguments (the
+# dispatcher would take a 0-d tensor or a bool as an int, so the Python API checks the exact type first)
+_CALLS: dict[object, tuple[Callable, tuple[int, ...], tuple[tuple[int, type, bool], ...]]] = {}
 _SCALAR_TYPES = {"SymInt": int, "int": int, "bool": bool, "float": float, "str": str,
                  "ScalarType": torch.dtype}
 # the classes each kind accepts: an int where a float goes, and the symbolic values torch.compile passes
@@ -81,9 +79,9 @@ def register_op(name: str, impl: Callable, fake: Callable, *, mutates_args: Sequ
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIB)
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
     OPS[name] = overload
-    _SCALAR_ARGS[overload] = tuple((i, _SCALAR_TYPES[p.split()[0].rstrip("?")], p.split()[0].endswith("?"))
-                                   for i, p in enumerate(params) if not p.startswith("Tensor"))
-    _EAGER[overload] = cuda_impl, tuple(i for i, p in enumerate(params) if p.startswith("Tensor"))
+    _CALLS[overload] = (cuda_impl, tuple(i for i, p in enumerate(params) if p.startswith("Tensor")),
+                        tuple((i, _SCALAR_TYPES[p.split()[0].rstrip("?")], p.split()[0].endswith("?"))
+                              for i, p in enumerate(params) if not p.startswith("Tensor")))
     return overload
 
 
@@ -143,13 +141,13 @@ def call_op(op, check: Callable, *args):
     A plain eager call (``_plain_eager``) runs the op's CUDA implementation itself, which is what the
     dispatcher would call (the op has no derivative and no other kernel for CUDA tensors), without the
     dispatcher's boxing of every argument; traced, fake or mode-wrapped calls go through the op."""
-    for i, kind, optional in _SCALAR_ARGS[op]:
+    impl, tensor_positions, scalars = _CALLS[op]
+    for i, kind, optional in scalars:
         a = args[i]
         t = a.__class__
-        if t is not kind and t not in _ACCEPTS[kind] and not (optional and a is None):
+        if t not in _ACCEPTS[kind] and not (optional and a is None):
             check(*args)
             raise TypeError(f"{op}: argument {i} must be a Python {kind.__name__}, got {t.__name__}")
-    impl, tensor_positions = _EAGER[op]
     try:
         return impl(*args) if _plain_eager(tensor_positions, args) else op(*args)
     except (TypeError, RuntimeError):
@@ -160,12 +158,11 @@ def call_op(op, check: Callable, *args):
 _DUMMIES: dict[tuple, torch.Tensor] = {}
 
 
-def dummy(device, dtype: torch.dtype, shape: tuple = (1,), fill=0) -> torch.Tensor:
-    """A cached buffer of ``fill`` for an argument a launch does not use (an absent optional tensor).
-    Made on the first call that needs it; during a CUDA-graph capture a missing one raises, since its fill
-    would run only at replay."""
-    device = torch.device(device)
-    key = (device, dtype, tuple(shape), fill)
+def dummy(device: torch.device, dtype: torch.dtype, shape: tuple = (1,), fill=0) -> torch.Tensor:
+    """A cached buffer of ``fill`` on ``device`` (a tensor's) for an argument a launch does not use (an
+    absent optional tensor). Made on the first call that needs it; during a CUDA-graph capture a missing one
+    raises, since its fill would run only at replay."""
+    key = (device, dtype, shape, fill)
     t = _DUMMIES.get(key)
     if t is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():

@@ -20,7 +20,7 @@ import torch
 from metadata.checks import check_cuda, debug_checks_enabled
 from metadata.topk_args import check_end_values, check_topk_args, check_topk_to_slots_args
 from tilelang_ops._library import call_op, dummy, kernel, plan, register_op
-from tilelang_ops.topk._host import TORCH_TO_TL, flat_scores
+from tilelang_ops.topk._host import TORCH_TO_TL, check_unit_columns, flat_scores
 from tilelang_ops.topk.elementwise import (
     block_max_kernel,
     block_max_scores,
@@ -73,8 +73,7 @@ def _topk_check(scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill
                            indices_type=indices_type, output_idx_offset=output_idx_offset,
                            return_value=return_value)
     check_cuda(scores=scores, end=end, output_idx_offset=output_idx_offset)
-    if n > 1 and scores.stride(1) != 1:
-        raise ValueError(f"scores must have unit column stride, got {scores.stride()}")
+    check_unit_columns(scores)
     return b, n
 
 
@@ -173,8 +172,7 @@ def _slots_check(scores, k, block_size_c, block_tables, end=None, candidate_bloc
     b, n = check_topk_to_slots_args(scores, k, end, candidate_blocks, candidate_block_size, block_size_c,
                                     block_tables)
     check_cuda(scores=scores, end=end, candidate_blocks=candidate_blocks, block_tables=block_tables)
-    if n > 1 and scores.stride(1) != 1:
-        raise ValueError(f"scores must have unit column stride, got {scores.stride()}")
+    check_unit_columns(scores)
     return b, n
 
 

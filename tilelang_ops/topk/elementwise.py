@@ -14,7 +14,7 @@ from metadata.topk_args import (
     check_restore_values,
 )
 from tilelang_ops._library import call_op, dummy, kernel, plan, register_op
-from tilelang_ops.topk._host import TORCH_TO_TL, flat_scores
+from tilelang_ops.topk._host import TORCH_TO_TL, check_unit_columns, flat_scores
 
 ELEM_THREADS = 256
 Tensor = torch.Tensor
@@ -72,8 +72,7 @@ def _block_max_check(scores, block_size, end):
     """Every host check of a block_max_scores call; returns (b, n, blocks per row)."""
     b, n = check_block_max_args(scores, block_size, end)
     check_cuda(scores=scores, end=end)
-    if n > 1 and scores.stride(1) != 1:
-        raise ValueError(f"scores must have unit column stride, got {scores.stride()}")
+    check_unit_columns(scores)
     if b and n and (b - 1) * scores.stride(0) + n >= 2**31:
         raise ValueError(f"block_max_scores supports < 2^31 score elements, got rows up to "
                          f"{(b - 1) * scores.stride(0) + n}")
