@@ -2,8 +2,8 @@
 
 CPU tier: every public op is ``torch.ops.tilelang_ops.<name>`` with the ``mutates_args`` SPEC 7 names;
 each fake (run under ``FakeTensorMode`` on fake CUDA tensors) gives the shapes and dtypes of the
-reference's outputs on the same arguments, on the CUDA device, and runs the host checks; a decode step
-traces under ``torch.compile(fullgraph=True)`` into one graph holding the ops. GPU tier:
+reference's outputs on the same arguments, on the CUDA device, and runs the host checks; ``opcheck``
+passes for every op with its reference as the CPU kernel; a decode step traces under ``torch.compile(fullgraph=True)`` into one graph holding the ops. GPU tier:
 ``torch.library.opcheck`` of every op, torch.compile bitwise equal to eager, and a CUDA-graph capture of
 a decode step replayed on new inputs, bitwise equal to eager.
 """
@@ -15,6 +15,7 @@ import inspect
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -280,6 +281,55 @@ def test_the_registered_op_takes_the_schema_call(case):
         got = _meta(_op(case.op)(**_schema_kwargs(case, fake)))
     if got or not MUTATES[case.op]:  # an op that only fills its arguments returns nothing
         assert got[-1:] == want[-1:], f"{case.id}: op {got}, Python API {want}"
+
+
+def _reference_kernel(op, ref):
+    """A CPU kernel of ``op`` made of its reference: schema arguments to the reference's keywords, the
+    format by its name, nothing returned where the op fills its arguments, and where the Python API
+    returns no values, topk's: those sorting needs, else [0, k]."""
+    from tilelang_ops.kv_store import cache_format
+
+    names = [a.name for a in op._schema.arguments]
+    returns = len(op._schema.returns)
+
+    def run(*args):
+        kw = dict(zip(names, args))
+        if "fmt" in kw:
+            kw["fmt"] = cache_format(kw["fmt"])
+        out = ref(**kw)
+        if not returns:
+            return None
+        if isinstance(out, tuple) and out[0] is None:
+            values = ref(**{**kw, "return_value": True})[0]
+            out = (values if kw["sorted"] else values[:0], *out[1:])
+        return out
+    return run
+
+
+@pytest.fixture
+def reference_cpu_kernels():
+    """Every op's CPU kernel is its reference during the test (then the original again, which names the
+    device error), and the device checks accept CPU tensors, so ``opcheck`` runs on the CPU."""
+    lib = torch.library.Library("tilelang_ops", "IMPL")
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "(?s).*Overriding a previously registered kernel")
+        for name, module in list(sys.modules.items()):
+            if name.startswith("tilelang_ops") and module is not None and hasattr(module, "check_cuda"):
+                mp.setattr(module, "check_cuda", lambda **tensors: torch.device("cpu"))
+        for op in sorted({c.op for c in CASES}):
+            lib.impl(op, _reference_kernel(_op(op), next(c.ref for c in CASES if c.op == op)), "CPU")
+        yield
+    lib._destroy()
+    with pytest.raises(ValueError, match="needs CUDA"):
+        _op("gather_rows")(torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_opcheck_on_the_cpu_with_the_reference_as_kernel(case, reference_cpu_kernels):
+    """opcheck's schema (what is written matches ``mutates_args``, no output aliases an input), fake
+    (the fake's outputs have the real outputs' shapes, strides and dtypes) and AOT-dispatch tests, with
+    the reference standing in for the kernel; the GPU tier runs the same with the kernels."""
+    torch.library.opcheck(_op(case.op), (), _schema_kwargs(case, case.call("cpu")))
 
 
 @needs_cuda
