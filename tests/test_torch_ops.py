@@ -3,9 +3,10 @@
 CPU tier: every public op is ``torch.ops.tilelang_ops.<name>`` with the ``mutates_args`` SPEC 7 names;
 each fake (run under ``FakeTensorMode`` on fake CUDA tensors) gives the shapes and dtypes of the
 reference's outputs on the same arguments, on the CUDA device, and runs the host checks; ``opcheck``
-passes for every op with its reference as the CPU kernel; a decode step traces under ``torch.compile(fullgraph=True)`` into one graph holding the ops. GPU tier:
-``torch.library.opcheck`` of every op, torch.compile bitwise equal to eager, and a CUDA-graph capture of
-a decode step replayed on new inputs, bitwise equal to eager.
+passes for every op with its reference as the CPU kernel; a decode step traces under
+``torch.compile(fullgraph=True)`` into one graph holding the ops. GPU tier: ``torch.library.opcheck`` of
+every op, torch.compile bitwise equal to eager, and a CUDA-graph capture of a decode step replayed on new
+inputs, bitwise equal to eager.
 """
 
 from __future__ import annotations
