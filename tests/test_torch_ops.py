@@ -310,10 +310,14 @@ def _reference_kernel(op, ref):
 @pytest.fixture
 def reference_cpu_kernels():
     """Every op's CPU kernel is its reference during the test (then the original again, which names the
-    device error), and the device checks accept CPU tensors, so ``opcheck`` runs on the CPU."""
+    device error), the device checks accept CPU tensors and every call goes through the dispatcher, so
+    ``opcheck`` and compiled steps run on the CPU."""
+    from tilelang_ops import _library
+
     lib = torch.library.Library("tilelang_ops", "IMPL")
     with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "(?s).*Overriding a previously registered kernel")
+        mp.setattr(_library, "_plain_eager", lambda tensor_positions, args: False)
         for name, module in list(sys.modules.items()):
             if name.startswith("tilelang_ops") and module is not None and hasattr(module, "check_cuda"):
                 mp.setattr(module, "check_cuda", lambda **tensors: torch.device("cpu"))
@@ -331,6 +335,12 @@ def test_opcheck_on_the_cpu_with_the_reference_as_kernel(case, reference_cpu_ker
     (the fake's outputs have the real outputs' shapes, strides and dtypes) and AOT-dispatch tests, with
     the reference standing in for the kernel; the GPU tier runs the same with the kernels."""
     torch.library.opcheck(_op(case.op), (), _schema_kwargs(case, case.call("cpu")))
+
+
+def test_compiled_decode_step_is_bitwise_eager_on_the_cpu(reference_cpu_kernels):
+    """The decode step compiled by inductor (functionalized in-place ops, reinplacing, the fakes' shapes)
+    gives bitwise eager's outputs and writes, with the references as the ops' CPU kernels."""
+    _check_compiled_step("cpu")
 
 
 @needs_cuda
@@ -351,16 +361,31 @@ def _bitwise(name, got, want):
         assert bad.numel() == 0, f"{name} output {i}: {bad.shape[0]} bytes differ, first {bad[:4].tolist()}"
 
 
-@needs_cuda
-def test_compiled_decode_step_is_bitwise_eager():
-    step, inputs = _step("cuda")
+KLEN = 16  # the position of klen [b, n] among the decode step's tensors
+
+
+def _written(result, klen):
+    """A decode step's outputs as far as it writes them: the logits at columns < klen only (the rest stays
+    unwritten: top-k reads each row up to end = klen)."""
+    out_norm, logits, slots = result
+    cols = torch.arange(logits.shape[-1], device=logits.device)
+    return out_norm, logits[cols < klen[..., None]], slots
+
+
+def _check_compiled_step(device):
+    step, inputs = _step(device)
     eager_in, compiled_in = _clone(inputs), _clone(inputs)
     want = step(*eager_in)
     torch._dynamo.reset()
     got = torch.compile(step, fullgraph=True)(*compiled_in)
-    _bitwise("compiled step", got, want)
+    _bitwise("compiled step", _written(got, inputs[KLEN]), _written(want, inputs[KLEN]))
     for i, name in ((1, "state ring"), (9, "main cache"), (12, "index cache")):
         _bitwise(f"{name} after the compiled step", compiled_in[i], eager_in[i])
+
+
+@needs_cuda
+def test_compiled_decode_step_is_bitwise_eager():
+    _check_compiled_step("cuda")
 
 
 @needs_cuda
@@ -387,7 +412,7 @@ def test_cuda_graph_replay_of_a_decode_step_is_bitwise_eager():
         eager_in = _clone(fresh)
         want = step(*eager_in)
         torch.cuda.synchronize()
-        _bitwise(f"replay {seed}", captured, want)
+        _bitwise(f"replay {seed}", _written(captured, static[KLEN]), _written(want, static[KLEN]))
         for i, name in ((1, "state ring"), (9, "main cache"), (12, "index cache")):
             _bitwise(f"{name} after replay {seed}", static[i], eager_in[i])
 
