@@ -146,10 +146,30 @@ def _launch_with_configs():
                                                            config=CompressStoreConfig(rows_per_warp=8)))
 
 
+def _layout(result):
+    return [(tuple(t.shape), t.stride(), t.dtype) for t in outputs(result)]
+
+
+def _check_impl_outputs_match_the_fake(case):
+    """The op's CUDA implementation (its kernels stood in for) allocates outputs of the fake's shapes,
+    strides and dtypes, what opcheck's fake test compares on the GPU."""
+    from tilelang_ops import _library
+
+    op = _op(case.op)
+    kw = _schema_kwargs(case, case.call("cpu").fresh())
+    args = [kw[a.name] if a.name in kw else a.default_value for a in op._schema.arguments]
+    got = _layout(_library._CALLS[op][0](*args))
+    call = case.call("cpu")
+    with FakeTensorMode():
+        fake = _layout(op(**_schema_kwargs(case, to_fake_cuda(call))))
+    assert got == fake, f"{case.id}: implementation {got}, fake {fake}"
+
+
 def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
     """Each case's eager path, and the decode step's, on the CPU up to the launches: the host checks (the
     device check passing), the plan, every kernel's static arguments bound into its sm_90a TIR, and each
-    launch given as many arguments as that prim_func takes (what the CUDA tier would otherwise find first)."""
+    launch given as many arguments as that prim_func takes (what the CUDA tier would otherwise find first);
+    each op's outputs have its fake's shapes, strides and dtypes."""
     import sys
     import types
 
@@ -186,6 +206,7 @@ def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
     try:
         for case in CASES:
             case.call("cpu").fresh()(case.fn)
+            _check_impl_outputs_match_the_fake(case)
         step, tensors = _step("cpu")
         step(*tensors)
         _launch_with_configs()
