@@ -358,6 +358,7 @@ def test_opcheck_on_the_cpu_with_the_reference_as_kernel(case, reference_cpu_ker
     torch.library.opcheck(_op(case.op), (), _schema_kwargs(case, case.call("cpu")))
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's
 def test_compiled_decode_step_is_bitwise_eager_on_the_cpu(reference_cpu_kernels):
     """The decode step compiled by inductor (functionalized in-place ops, reinplacing, the fakes' shapes)
     gives bitwise eager's outputs and writes, with the references as the ops' CPU kernels."""
