@@ -85,14 +85,14 @@ def register_op(name: str, impl: Callable, fake: Callable, *, mutates_args: Sequ
     return overload
 
 
+_Tensor = torch.Tensor
+
+
 def plan_key(args: Sequence) -> tuple:
     """The static key of a call: what the host checks read of each tensor (shape, strides, dtype, device
     and address modulo 16), (type, value) of each other argument."""
     return tuple([(a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15) if isinstance(a, _Tensor)
                   else (a.__class__, a) for a in args])
-
-
-_Tensor = torch.Tensor
 
 
 MAX_PLANS = 4096  # launch plans kept per op; prefill shapes vary per call, so the cache is bounded
