@@ -384,9 +384,8 @@ def _prefill_impl(projected_kv: torch.Tensor, state_cache: torch.Tensor, cu_seql
 
 def _prefill_fake(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
                   compress_ratio, num_rows=None):
-    dims = check_prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
-                              cu_compressed, compress_ratio, num_rows)
-    check_cuda(projected_kv=projected_kv, state_cache=state_cache)
+    dims = _check_prefill(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
+                          cu_compressed, compress_ratio, num_rows)
     if num_rows is None:  # cu_compressed[-1]: a value of the metadata, unknown while tracing
         num_rows = torch.library.get_ctx().new_dynamic_size()
     return projected_kv.new_empty(num_rows, dims.dim, dtype=torch.bfloat16)
@@ -406,9 +405,8 @@ def _decode_impl(projected_kv: torch.Tensor, state_cache: torch.Tensor, context_
 
 
 def _decode_fake(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio):
-    dims = check_decode_args(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
-                             compress_ratio)
-    check_cuda(projected_kv=projected_kv, state_cache=state_cache)
+    dims = _check_decode(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
+                         compress_ratio)
     return projected_kv.new_empty(dims.num_tokens, dims.dim, dtype=torch.bfloat16)
 
 

@@ -570,26 +570,6 @@ def _static(fmt, r, rope_dim, interleaved, out_norm, norm_weight, positions, slo
 _PLANS: dict[tuple, tuple] = {}
 
 
-def _prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
-                  compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
-                  out_norm, num_rows, rope_dim, interleaved):
-    """The shape checks of a prefill call (no device value, no address); returns its dimensions."""
-    return check_compress_store_prefill_args(
-        projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
-        compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
-        out_norm=out_norm, num_rows=num_rows, rope_dim=rope_dim, interleaved=interleaved)
-
-
-def _decode_args(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio,
-                 norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm, rope_dim,
-                 interleaved):
-    """The shape checks of a decode call (no device value, no address); returns its dimensions."""
-    return check_compress_store_decode_args(
-        projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio, norm_weight,
-        eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm=out_norm, rope_dim=rope_dim,
-        interleaved=interleaved)
-
-
 def _launchable(projected_kv, state_cache, kv_cache, fmt, compress_ratio, rope_dim, interleaved, out_norm,
                 norm_weight, positions, slot_mapping) -> tuple:
     """The checks a launch adds to the shape checks (devices, addresses, the kernel's configurations);
@@ -602,11 +582,12 @@ def _launchable(projected_kv, state_cache, kv_cache, fmt, compress_ratio, rope_d
 def _prefill_check(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
                    compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
                    out_norm, num_rows, rope_dim, interleaved, config=None):
-    """Every host check of a prefill call (``config``: the caller's, if any); returns (dimensions, static
-    arguments)."""
-    dims = _prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
-                         cu_compressed, compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping,
-                         kv_cache, fmt, out_norm, num_rows, rope_dim, interleaved)
+    """Every host check of a prefill call (``config``: the caller's, if any; none reads a device value, and
+    the fake runs them on fake tensors); returns (dimensions, static arguments)."""
+    dims = check_compress_store_prefill_args(
+        projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+        compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
+        out_norm=out_norm, num_rows=num_rows, rope_dim=rope_dim, interleaved=interleaved)
     if config is not None and not isinstance(config, CompressStoreConfig):
         raise TypeError(f"compress_store_prefill: config must be a CompressStoreConfig, got "
                         f"{type(config).__name__}")
@@ -617,10 +598,12 @@ def _prefill_check(projected_kv, state_cache, cu_seqlens_q, context_lens, state_
 def _decode_check(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio,
                   norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm, rope_dim,
                   interleaved):
-    """Every host check of a decode call; returns (dimensions, static arguments)."""
-    dims = _decode_args(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
-                        compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
-                        out_norm, rope_dim, interleaved)
+    """Every host check of a decode call (none reads a device value, and the fake runs them on fake
+    tensors); returns (dimensions, static arguments)."""
+    dims = check_compress_store_decode_args(
+        projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio, norm_weight,
+        eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm=out_norm, rope_dim=rope_dim,
+        interleaved=interleaved)
     return dims, _launchable(projected_kv, state_cache, kv_cache, fmt, compress_ratio, rope_dim, interleaved,
                              out_norm, norm_weight, positions, slot_mapping)
 
@@ -684,10 +667,9 @@ def _prefill_impl(projected_kv: Tensor, state_cache: Tensor, cu_seqlens_q: Tenso
 def _prefill_fake(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
                   compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
                   out_norm=None, num_rows=None, rope_dim=64, interleaved=True):
-    _prefill_args(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
-                  compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache,
-                  cache_format(fmt), out_norm, num_rows, rope_dim, interleaved)
-    check_cuda(projected_kv=projected_kv, state_cache=state_cache, kv_cache=kv_cache)
+    _prefill_check(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
+                   compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache,
+                   cache_format(fmt), out_norm, num_rows, rope_dim, interleaved)
 
 
 def _decode_impl(projected_kv: Tensor, state_cache: Tensor, context_lens: Tensor, state_block_idx: Tensor,
@@ -703,10 +685,9 @@ def _decode_impl(projected_kv: Tensor, state_cache: Tensor, context_lens: Tensor
 def _decode_fake(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio,
                  norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, out_norm=None,
                  rope_dim=64, interleaved=True):
-    _decode_args(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio,
-                 norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, cache_format(fmt), out_norm,
-                 rope_dim, interleaved)
-    check_cuda(projected_kv=projected_kv, state_cache=state_cache, kv_cache=kv_cache)
+    _decode_check(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio,
+                  norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, cache_format(fmt), out_norm,
+                  rope_dim, interleaved)
 
 
 _WRITES = ("state_cache", "kv_cache", "out_norm")

@@ -83,23 +83,16 @@ def call_format_op(op, check, args: tuple, at: int):
     return call_op(op, lambda *a: check(*a[:at], fmt, *a[at + 1:]), *args[:at], name, *args[at + 1:])
 
 
-def _store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, rope_dim, interleaved,
-                hadamard, out_norm):
-    """The shape checks of a call (no device value, no address); returns its geometry."""
+def _store_check(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, rope_dim,
+                 interleaved, hadamard, out_norm, config=None):
+    """Every host check of a call (``config``: the caller's tuning, if any; none reads a device value, and
+    the fake runs them on fake tensors); returns the geometry."""
     geom = check_store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
                             rope_dim=rope_dim, interleaved=interleaved, hadamard=hadamard, out_norm=out_norm)
     why = kernel_supports(fmt, rope_dim, interleaved)
     if why is not None or FORMATS.get(fmt.name) != fmt:
         raise ValueError(f"norm_rope_hadamard_cast_store kernel: unsupported configuration for "
                          f"{fmt.name}: {why or 'not one of the four cache formats'}")
-    return geom
-
-
-def _store_check(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, rope_dim,
-                 interleaved, hadamard, out_norm, config=None):
-    """Every host check of a call (``config``: the caller's tuning, if any); returns the geometry."""
-    geom = _store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, rope_dim,
-                       interleaved, hadamard, out_norm)
     if config is not None:
         if not isinstance(config, KVStoreConfig):
             raise TypeError(f"norm_rope_hadamard_cast_store: config must be a KVStoreConfig, got "
@@ -158,9 +151,8 @@ def _store_impl(kv: Tensor, norm_weight: Tensor, eps: float, cos: Tensor, sin: T
 
 def _store_fake(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, rope_dim=64,
                 interleaved=True, hadamard=False, out_norm=None):
-    _store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, cache_format(fmt),
-                rope_dim, interleaved, hadamard, out_norm)
-    check_cuda(kv=kv, kv_cache=kv_cache)
+    _store_check(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, cache_format(fmt),
+                 rope_dim, interleaved, hadamard, out_norm)
 
 
 _STORE_OP = register_op("norm_rope_hadamard_cast_store", _store_impl, _store_fake,

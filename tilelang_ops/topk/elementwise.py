@@ -97,9 +97,8 @@ def _block_max_impl(scores: Tensor, block_size: int, end: Tensor | None = None) 
 
 
 def _block_max_fake(scores, block_size, end=None):
-    b, n = check_block_max_args(scores, block_size, end)
-    check_cuda(scores=scores, end=end)
-    return scores.new_empty((b, (n + block_size - 1) // block_size))
+    b, _, nblk = _block_max_check(scores, block_size, end)
+    return scores.new_empty((b, nblk))
 
 
 _BLOCK_MAX_OP = register_op("block_max_scores", _block_max_impl, _block_max_fake)
@@ -163,8 +162,7 @@ def _restore_impl(index: Tensor, candidate_blocks: Tensor, block_size: int) -> N
 
 
 def _restore_fake(index, candidate_blocks, block_size):
-    check_restore_args(index, candidate_blocks, block_size)
-    check_cuda(index=index, candidate_blocks=candidate_blocks)
+    _restore_check(index, candidate_blocks, block_size)
 
 
 _RESTORE_OP = register_op("restore_candidate_indices_", _restore_impl, _restore_fake, mutates_args=("index",))
@@ -226,8 +224,7 @@ def _convert_impl(index: Tensor, block_size_c: int, valid_lens: Tensor, block_ta
 
 
 def _convert_fake(index, block_size_c, valid_lens, block_tables):
-    check_convert_args(index, block_size_c, valid_lens, block_tables)
-    check_cuda(index=index, valid_lens=valid_lens, block_tables=block_tables)
+    _convert_check(index, block_size_c, valid_lens, block_tables)
 
 
 _CONVERT_OP = register_op("convert_kv_index_", _convert_impl, _convert_fake, mutates_args=("index",))
