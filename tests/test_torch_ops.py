@@ -156,13 +156,21 @@ def _check_impl_outputs_match_the_fake(case):
     from tilelang_ops import _library
 
     op = _op(case.op)
-    kw = _schema_kwargs(case, case.call("cpu").fresh())
+    call = case.call("cpu")
+    kw = _schema_kwargs(case, call.fresh())
     args = [kw[a.name] if a.name in kw else a.default_value for a in op._schema.arguments]
     got = _layout(_library._CALLS[op][0](*args))
-    call = case.call("cpu")
     with FakeTensorMode():
         fake = _layout(op(**_schema_kwargs(case, to_fake_cuda(call))))
     assert got == fake, f"{case.id}: implementation {got}, fake {fake}"
+
+
+def _accept_cpu_tensors(mp):
+    """Every loaded tilelang_ops module's device check passes CPU tensors (so the ops run on the CPU up to
+    their launches, or through references standing in for their kernels)."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("tilelang_ops") and module is not None and hasattr(module, "check_cuda"):
+            mp.setattr(module, "check_cuda", lambda **tensors: torch.device("cpu"))
 
 
 def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
@@ -170,7 +178,6 @@ def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
     device check passing), the plan, every kernel's static arguments bound into its sm_90a TIR, and each
     launch given as many arguments as that prim_func takes (what the CUDA tier would otherwise find first);
     each op's outputs have its fake's shapes, strides and dtypes."""
-    import sys
     import types
 
     from tvm.target import Target
@@ -192,12 +199,11 @@ def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
 
     props = types.SimpleNamespace(multi_processor_count=132, L2_cache_size=50 << 20, total_memory=80 << 30)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    _accept_cpu_tensors(monkeypatch)
     compile_helper = _library.kernel
     for name, module in list(sys.modules.items()):
         if not name.startswith("tilelang_ops") or module is None:
             continue
-        if hasattr(module, "check_cuda"):
-            monkeypatch.setattr(module, "check_cuda", lambda **tensors: torch.device("cpu"))
         for attr, value in vars(module).copy().items():
             if value is compile_helper:  # under whatever name a module imported it
                 monkeypatch.setattr(module, attr, bound)
@@ -339,9 +345,7 @@ def reference_cpu_kernels():
     with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "(?s).*Overriding a previously registered kernel")
         mp.setattr(_library, "_plain_eager", lambda tensor_positions, args: False)
-        for name, module in list(sys.modules.items()):
-            if name.startswith("tilelang_ops") and module is not None and hasattr(module, "check_cuda"):
-                mp.setattr(module, "check_cuda", lambda **tensors: torch.device("cpu"))
+        _accept_cpu_tensors(mp)
         for op in sorted({c.op for c in CASES}):
             lib.impl(op, _reference_kernel(_op(op), next(c.ref for c in CASES if c.op == op)), "CPU")
         yield
