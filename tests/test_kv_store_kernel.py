@@ -556,10 +556,11 @@ def test_kernel_repeated_calls_and_bad_rows(monkeypatch):
     fmt, kv, w, cos, sin, pos, slots, cache = _gpu_inputs(case)
     want = cache.clone()
     for step in range(3):  # three calls into one cache, disjoint-or-overlapping slot sets
-        s = torch.roll(slots, step * 13)
+        # positions roll with their slots: the skipped row's out-of-table position stays skipped
+        s, p = torch.roll(slots, step * 13), torch.roll(pos, step * 13)
         kvs = (kv.float() * (step + 1)).bfloat16()
-        norm_rope_hadamard_cast_store(kvs, w, 1e-6, cos, sin, pos, s, cache, fmt)
-        want, _ = _oracle(case, fmt, kvs, w, cos, sin, pos, s, want, None)
+        norm_rope_hadamard_cast_store(kvs, w, 1e-6, cos, sin, p, s, cache, fmt)
+        want, _ = _oracle(case, fmt, kvs, w, cos, sin, p, s, want, None)
         compare_bitwise(f"kv_cache call {step}", cache, want.to(cache.device)).check()
     # bad slot / position: without the debug switch the kernel skips those rows (no write anywhere)
     monkeypatch.delenv("TILELANG_OPS_DEBUG", raising=False)

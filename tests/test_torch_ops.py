@@ -102,13 +102,15 @@ def test_scalar_arguments_are_checked_before_the_dispatcher(value, kind):
 
 
 def test_a_mutated_tensor_is_bumped_once_per_call():
-    from tilelang_ops._library import _bump_versions
+    from tilelang_ops._library import bump_versions
 
-    cache, other = torch.zeros(1000, 4), torch.zeros(3)
-    run = _bump_versions(lambda cache, other, out: None, (0, 2))
-    v = cache._version, other._version
-    run(cache, other, None)
-    assert (cache._version, other._version) == (v[0] + 1, v[1])
+    cache, other, out = torch.zeros(1000, 4), torch.zeros(3), torch.zeros(2)
+    run = bump_versions(lambda cache, other, out=None: None, (0, 2))
+    v = cache._version, other._version, out._version
+    run(cache, other, out)
+    assert (cache._version, other._version, out._version) == (v[0] + 1, v[1], v[2] + 1)
+    run(cache, other)  # the dispatcher leaves out a trailing argument that has its default
+    assert cache._version == v[0] + 2
 
 
 def test_only_plain_eager_calls_skip_the_dispatcher():
@@ -336,9 +338,10 @@ def _reference_kernel(op, ref):
 
 @pytest.fixture
 def reference_cpu_kernels():
-    """Every op's CPU kernel is its reference during the test (then the original again, which names the
-    device error), the device checks accept CPU tensors and every call goes through the dispatcher, so
-    ``opcheck`` and compiled steps run on the CPU."""
+    """Every op's CPU kernel is its reference, wrapped as the CUDA kernel wraps the implementation
+    (``bump_versions``), during the test (then the original again, which names the device error); the
+    device checks accept CPU tensors and every call goes through the dispatcher, so ``opcheck`` and
+    compiled steps run on the CPU."""
     from tilelang_ops import _library
 
     lib = torch.library.Library("tilelang_ops", "IMPL")
@@ -346,8 +349,12 @@ def reference_cpu_kernels():
         warnings.filterwarnings("ignore", "(?s).*Overriding a previously registered kernel")
         mp.setattr(_library, "_plain_eager", lambda tensor_positions, args: False)
         _accept_cpu_tensors(mp)
-        for op in sorted({c.op for c in CASES}):
-            lib.impl(op, _reference_kernel(_op(op), next(c.ref for c in CASES if c.op == op)), "CPU")
+        for name in sorted({c.op for c in CASES}):
+            op = _op(name)
+            ref = _reference_kernel(op, next(c.ref for c in CASES if c.op == name))
+            # torch 2.11 refuses to override a Python kernel unless asked; 2.13 allows it by default
+            lib.impl(name, _library.bump_versions(ref, _library.mutated_positions(op)), "CPU",
+                     allow_override=True)
         yield
     lib._destroy()
     with pytest.raises(ValueError, match="needs CUDA"):

@@ -44,9 +44,17 @@ _ACCEPTS = {int: (int, torch.SymInt), bool: (bool, torch.SymBool),
             float: (float, int, torch.SymFloat, torch.SymInt), str: (str,), torch.dtype: (torch.dtype,)}
 
 
-def _bump_versions(impl: Callable, indices: tuple[int, ...]) -> Callable:
+def mutated_positions(op) -> tuple[int, ...]:
+    """Positions of the arguments an op's schema marks as written (``Tensor(a!)``)."""
+    return tuple(i for i, a in enumerate(op._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
+
+
+def bump_versions(impl: Callable, indices: tuple[int, ...]) -> Callable:
     """``impl`` followed by what the skipped ADInplaceOrView kernel does: a version bump of each mutated
-    argument (inference tensors have no version counter), once the call has succeeded."""
+    argument (inference tensors have no version counter), once the call has succeeded. The dispatcher
+    leaves out trailing arguments that have their default (``out_norm=None``), so a position may be
+    beyond the call's arguments."""
     if not indices:
         return impl
     bump = torch._C._increment_version
@@ -55,7 +63,8 @@ def _bump_versions(impl: Callable, indices: tuple[int, ...]) -> Callable:
         out = impl(*args)
         # one call with a list: given a bare tensor, _increment_version iterates its first dimension and
         # bumps the counter once per row
-        bump([t for t in (args[i] for i in indices) if t is not None and not t.is_inference()])
+        n = len(args)
+        bump([t for t in (args[i] for i in indices if i < n) if t is not None and not t.is_inference()])
         return out
 
     return run
@@ -67,17 +76,16 @@ def register_op(name: str, impl: Callable, fake: Callable, *, mutates_args: Sequ
     op's default overload."""
     schema = torch.library.infer_schema(impl, mutates_args=tuple(mutates_args))
     _LIB.define(name + schema)
+    overload = getattr(getattr(torch.ops, NAMESPACE), name).default
     params = schema[1:schema.index(") ->")].split(", ")  # "(args) -> returns"; no default holds ", "
-    mutated = tuple(i for i, p in enumerate(params) if "(a" in p and "!)" in p)
     # no derivative: Autograd and ADInplaceOrView fall through in C++ (see the module docstring)
     _LIB.impl(name, torch.library.fallthrough_kernel, "Autograd")
     _LIB.impl(name, torch.library.fallthrough_kernel, "ADInplaceOrView")
-    cuda_impl = _bump_versions(impl, mutated)
+    cuda_impl = bump_versions(impl, mutated_positions(overload))
     _LIB.impl(name, cuda_impl, "CUDA")
     # CPU tensors reach the implementation too, whose host checks name the argument on the CPU
     _LIB.impl(name, impl, "CPU")
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIB)
-    overload = getattr(getattr(torch.ops, NAMESPACE), name).default
     OPS[name] = overload
     _CALLS[overload] = (cuda_impl, tuple(i for i, p in enumerate(params) if p.startswith("Tensor")),
                         tuple((i, _SCALAR_TYPES[p.split()[0].rstrip("?")], p.split()[0].endswith("?"))
