@@ -1,8 +1,8 @@
 """python -m benchmarks [OP ...]: run the benchmark modules (all by default) on CUDA.
 
-Prints a table and one BENCH line per case, writes them to bench_results/latest.txt, and merges the
-records into bench_results/<device>.jsonl (+ its plot). ``python -m benchmarks --plot FILE.jsonl`` redraws
-a plot from a results file.
+Prints a table and one BENCH line per case, writes them to bench_results/latest.txt, and merges each
+operator's records into bench_results/<device>.jsonl (+ its plot) as soon as its module finishes.
+``python -m benchmarks --plot FILE.jsonl`` redraws a plot from a results file.
 """
 
 import datetime
@@ -41,15 +41,15 @@ def main(argv):
     name = torch.cuda.get_device_name()
     print(f"device: {name}, torch {torch.__version__}")
     h.measure_roofline()
+    slug, commit, date = device_slug(name), current_commit(), datetime.date.today().isoformat()
     for op in wanted:
         importlib.import_module(f"benchmarks.bench_{op}").run(h)
+        path = save(h.records(slug, commit, date), slug)  # an operator's records are kept once it finishes
     table = h.table()
     print("\n" + table)
     os.makedirs(RESULTS_DIR, exist_ok=True)
     with open(os.path.join(RESULTS_DIR, "latest.txt"), "w") as f:
         f.write(table + "\n\n" + "\n".join(r["line"] for r in h.rows) + "\n")
-    date = datetime.date.today().isoformat()
-    path = save(h.records(device_slug(name), current_commit(), date), device_slug(name))
     print(f"results: {path}")
     return 0
 
