@@ -77,7 +77,8 @@ def call_format_op(op, check, args: tuple, at: int):
     raises on the caller's own arguments."""
     fmt = args[at]
     name = getattr(fmt, "name", None)
-    if not (isinstance(name, str) and FORMATS.get(name) == fmt):
+    known = FORMATS.get(name) if isinstance(name, str) else None
+    if not (known is fmt or (known is not None and known == fmt)):  # (`is` first: the dataclass == is slow)
         check(*args)  # names what is wrong with fmt
         raise ValueError(f"fmt={fmt!r} is not one of the cache formats {list(FORMATS)}")
     return call_op(op, lambda *a: check(*a[:at], fmt, *a[at + 1:]), *args[:at], name, *args[at + 1:])
