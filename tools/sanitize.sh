@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # `make sanitize` (CUDA machine): compute-sanitizer over the kernels, one summary line per run.
 #
-#   1. memcheck over `make diff` (every kernel against its reference, python -m tilelang_ops diff);
+#   1. memcheck, racecheck and synccheck over one small launch of each kernel
+#      (python -m tilelang_ops.testing.sanitize_cases <op>, which also compares each result);
 #   2. memcheck over the GPU tier of bad metadata without the debug switch (tests/test_bad_input_gpu.py):
 #      slots beyond the cache, positions beyond the tables, end beyond the row, short block tables,
 #      state slots beyond the ring: a kernel that skipped such a row by reading or writing out of bounds
 #      shows up here even when the canaries survive;
-#   3. memcheck, racecheck and synccheck over one small launch of each kernel
-#      (python -m tilelang_ops.testing.sanitize_cases <op>, which also compares each result).
+#   3. memcheck over `make diff` (every kernel against its reference, python -m tilelang_ops diff).
 #
 # Each tensor is its own allocation (PYTORCH_NO_CUDA_MEMORY_CACHING=1), so memcheck sees an access past
 # any tensor, not only past the allocator's pool. The kernels are compiled (into TILELANG_CACHE_DIR)
@@ -59,10 +59,7 @@ case " $STEPS " in *" bad "*)
     || { echo "warm-up bad-input tier failed: $(tail -n 1 "$LOG_DIR/warm_bad.log")"; rc=1; } ;;
 esac
 
-case " $STEPS " in *" diff "*) run diff_memcheck memcheck $PY -m tilelang_ops diff ;; esac
-case " $STEPS " in *" bad "*)
-  run bad_input_memcheck memcheck $PY -m pytest -q -p no:cacheprovider tests/test_bad_input_gpu.py ;;
-esac
+# shortest runs first: a run cut short by a time limit then leaves the most summaries behind
 case " $STEPS " in *" cases "*)
   for op in $OPS; do
     run "${op}_memcheck" memcheck $PY -m tilelang_ops.testing.sanitize_cases "$op"
@@ -70,5 +67,9 @@ case " $STEPS " in *" cases "*)
     run "${op}_synccheck" synccheck $PY -m tilelang_ops.testing.sanitize_cases "$op"
   done ;;
 esac
+case " $STEPS " in *" bad "*)
+  run bad_input_memcheck memcheck $PY -m pytest -q -p no:cacheprovider tests/test_bad_input_gpu.py ;;
+esac
+case " $STEPS " in *" diff "*) run diff_memcheck memcheck $PY -m tilelang_ops diff ;; esac
 echo "sanitize: $([ $rc = 0 ] && echo clean || echo FAILED) (logs in $LOG_DIR/)"
 exit $rc
