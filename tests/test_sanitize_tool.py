@@ -46,11 +46,11 @@ class Run:
 
 RUNS = [
     Run("clean", {}, True),
-    Run("memcheck_errors", {"FAKE_ERROR_TOOL": "memcheck"}, False, "topk_memcheck: 3 errors"),
-    Run("synccheck_errors", {"FAKE_ERROR_TOOL": "synccheck"}, False, "topk_synccheck: 3 errors"),
+    Run("memcheck_errors", {"FAKE_ERROR_TOOL": "memcheck"}, False, "cases_memcheck: 3 errors"),
+    Run("synccheck_errors", {"FAKE_ERROR_TOOL": "synccheck"}, False, "cases_synccheck: 3 errors"),
     Run("mismatch", {"FAKE_MISMATCH_OP": "topk"}, False, "mismatches=1"),
-    Run("no_summary", {"FAKE_SILENT_TOOL": "racecheck"}, False, "topk_racecheck: 0 errors in 0 process(es)"),
-    Run("failing_case", {"FAKE_FAILING_OP": "topk"}, False, "(exit 2)"),
+    Run("no_summary", {"FAKE_SILENT_TOOL": "racecheck"}, False, "cases_racecheck: 0 errors in 0 process(es)"),
+    Run("failing_case", {"FAKE_FAILING_OP": "gather_rows"}, False, "(exit 2)"),
 ]
 
 
@@ -61,15 +61,15 @@ def test_sanitize_verdict_follows_the_summaries(run, tmp_path):
     py.write_text(FAKE_PYTHON)
     san.chmod(0o755)
     py.chmod(0o755)
-    env = {**os.environ, **run.env, "COMPUTE_SANITIZER": str(san), "PYTHON": str(py), "OPS": "topk",
-           "LOG_DIR": str(tmp_path / "logs")}
+    env = {**os.environ, **run.env, "COMPUTE_SANITIZER": str(san), "PYTHON": str(py),
+           "OPS": "topk gather_rows", "LOG_DIR": str(tmp_path / "logs")}
     res = subprocess.run(["bash", os.path.join(ROOT, "tools", "sanitize.sh")], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=60)
     out = res.stdout
     print(out, res.stderr)
-    lines = [line for line in out.splitlines() if line.startswith(("topk_", "bad_input", "diff_"))]
+    lines = [line for line in out.splitlines() if line.startswith(("cases_", "bad_input", "diff_"))]
     # every run of the three steps reports a summary line, in the order shortest first
-    assert [line.split(":")[0] for line in lines] == ["topk_memcheck", "topk_racecheck", "topk_synccheck",
+    assert [line.split(":")[0] for line in lines] == ["cases_memcheck", "cases_racecheck", "cases_synccheck",
                                                        "bad_input_memcheck", "diff_memcheck"]
     assert out.rstrip().splitlines()[-1].startswith("sanitize: " + ("clean" if run.clean else "FAILED"))
     assert res.returncode == (0 if run.clean else 1)

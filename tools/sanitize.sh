@@ -2,7 +2,7 @@
 # `make sanitize` (CUDA machine): compute-sanitizer over the kernels, one summary line per run.
 #
 #   1. memcheck, racecheck and synccheck over one small launch of each kernel
-#      (python -m tilelang_ops.testing.sanitize_cases <op>, which also compares each result);
+#      (python -m tilelang_ops.testing.sanitize_cases <ops>, which also compares each result);
 #   2. memcheck over the GPU tier of bad metadata without the debug switch (tests/test_bad_input_gpu.py):
 #      slots beyond the cache, positions beyond the tables, end beyond the row, short block tables,
 #      state slots beyond the ring: a kernel that skipped such a row by reading or writing out of bounds
@@ -50,21 +50,20 @@ run() {
 }
 
 # compile everything first, unsanitized (also a quick check that the cases pass)
-for op in $OPS; do
-  $PY -m tilelang_ops.testing.sanitize_cases "$op" > "$LOG_DIR/warm_$op.log" 2>&1 \
-    || { echo "warm-up $op failed: $(tail -n 3 "$LOG_DIR/warm_$op.log")"; rc=1; }
-done
+# shellcheck disable=SC2086  # OPS is a list of words
+$PY -m tilelang_ops.testing.sanitize_cases $OPS > "$LOG_DIR/warm_cases.log" 2>&1 \
+  || { echo "warm-up cases failed: $(grep MISMATCH "$LOG_DIR/warm_cases.log" | head -n 3; tail -n 2 "$LOG_DIR/warm_cases.log")"; rc=1; }
 case " $STEPS " in *" bad "*)
   $PY -m pytest -q -p no:cacheprovider tests/test_bad_input_gpu.py > "$LOG_DIR/warm_bad.log" 2>&1 \
     || { echo "warm-up bad-input tier failed: $(tail -n 1 "$LOG_DIR/warm_bad.log")"; rc=1; } ;;
 esac
 
-# shortest runs first: a run cut short by a time limit then leaves the most summaries behind
+# shortest runs first: a run cut short by a time limit then leaves the most summaries behind; one process
+# per tool runs every operator's cases (a process start under the sanitizer costs seconds)
 case " $STEPS " in *" cases "*)
-  for op in $OPS; do
-    run "${op}_memcheck" memcheck $PY -m tilelang_ops.testing.sanitize_cases "$op"
-    run "${op}_racecheck" racecheck $PY -m tilelang_ops.testing.sanitize_cases "$op"
-    run "${op}_synccheck" synccheck $PY -m tilelang_ops.testing.sanitize_cases "$op"
+  for tool in memcheck racecheck synccheck; do
+    # shellcheck disable=SC2086
+    run "cases_$tool" "$tool" $PY -m tilelang_ops.testing.sanitize_cases $OPS
   done ;;
 esac
 case " $STEPS " in *" bad "*)
