@@ -13,8 +13,8 @@ def check_unit_columns(scores) -> None:
 
 
 def flat_scores(scores):
-    """The [b, n] rows (unit column stride, any row stride) as one flat view + the row stride."""
-    check_unit_columns(scores)
+    """The [b, n] rows (unit column stride, any row stride: ``check_unit_columns``, which every caller's
+    host checks run before the launch) as one flat view + the row stride."""
     b, n = scores.shape
     if b == 0 or n == 0:
         return scores.new_zeros(1), 0  # nothing is read: every row has end = 0
