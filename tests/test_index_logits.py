@@ -257,22 +257,26 @@ def test_launch_rule_gives_valid_configs():
         launch_config("dense", rows=1, width=1)
 
 
-def test_emulator_runs_one_case_of_each_kernel():
+@pytest.mark.parametrize("schedule", ["random", "warps"])
+def test_emulator_runs_one_case_of_each_kernel(schedule):
     """Generated CUDA on the CPU emulator (tools/index_logits_emu.py), bitwise against the twins: the
-    quantize kernel, the paged kernel (fast and general path), candidates, ragged."""
+    quantize kernel, the paged kernel (fast and general path), candidates, ragged; under random switches
+    and warp-serially (fiber_emu: a race between two barriers changes the results)."""
     from tools.index_logits_emu import emulate_paged, emulate_quantize, emulate_ragged
 
     g = torch.Generator().manual_seed(1)
     x = torch.cat([index_values(8, d, g) for d in ("randn", "wide", "extreme")]).to(torch.bfloat16)
-    got, want = emulate_quantize(x), quantize_index_rows_torch(x)
+    got, want = emulate_quantize(x, schedule=schedule), quantize_index_rows_torch(x)
     compare_bitwise("codes", got[0], want[0]).check()
     compare_bitwise("scales", got[1], want[1]).check()
     for case in (P("p", 2, 2, 90, rows_per_block=16, dist="mixed", clean=True),
                  P("c", 1, 1, 100, candidates=(4, 16), dist="mixed")):
         kw = make_paged_inputs(case)
-        compare_bitwise("logits", emulate_paged(**_fresh(kw)), paged_index_logits_torch(**_fresh(kw))).check()
+        got = emulate_paged(schedule=schedule, **_fresh(kw))
+        compare_bitwise("logits", got, paged_index_logits_torch(**_fresh(kw))).check()
     kw = make_ragged_inputs(R("r", 6, 70, ranges="ragged", clean=True))
-    compare_bitwise("logits", emulate_ragged(**_fresh(kw)), ragged_index_logits_torch(**_fresh(kw))).check()
+    got = emulate_ragged(schedule=schedule, **_fresh(kw))
+    compare_bitwise("logits", got, ragged_index_logits_torch(**_fresh(kw))).check()
 
 
 @pytest.mark.build

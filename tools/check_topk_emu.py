@@ -11,7 +11,7 @@ fused slots), bmax (block max, NaN payloads), smoke (one small case of each kern
 tests/test_topk.py runs). `--mutate "old=>new"` patches the generated source once (a broken kernel must
 be caught). `--threads T` / `--split S` / `--stream` replace those knobs of every row-kernel launch.
 
-    PYTHONPATH=. .venv/bin/python tools/check_topk_emu.py [--seeds 0,1] [--mutate S] [--sms N]
+    PYTHONPATH=. .venv/bin/python tools/check_topk_emu.py [--seeds 0,1] [--schedule warps] [--mutate S] [--sms N]
         [--threads T] [--split S] [--stream] [set ...]
 """
 import argparse
@@ -96,8 +96,10 @@ def lower_source(factory, static) -> str:
 _KERNELS = {}
 
 
-def topk_emu_kernel(static: tuple, n: int, config: TopkConfig, seed: int = 0) -> EmuKernel:
-    """The emulated top-k kernel of `config` for rows of n entries (static: as for kernel_for)."""
+def topk_emu_kernel(static: tuple, n: int, config: TopkConfig, seed: int = 0,
+                    schedule: str = "random") -> EmuKernel:
+    """The emulated top-k kernel of `config` for rows of n entries (static: as for kernel_for), run with the
+    scheduler `schedule` (fiber_emu: "random" or "warps") seeded by `seed`."""
     factory, args = kernel_for(static, n, config)
     key = (config.kernel, args)
     if key not in _KERNELS:
@@ -111,7 +113,7 @@ def topk_emu_kernel(static: tuple, n: int, config: TopkConfig, seed: int = 0) ->
             kern.threads, kern.cluster = config.threads, split
             kern.grid_of = lambda kw: kw["indices"].shape[0] * split
         _KERNELS[key] = kern
-    _KERNELS[key].seed = seed
+    _KERNELS[key].seed, _KERNELS[key].schedule = seed, schedule
     return _KERNELS[key]
 
 
@@ -121,7 +123,7 @@ def _zeros(dtype, shape=(1,)):
 
 def emu_topk(x, k, *, end=None, sorted=False, indices_type=torch.int32, idx_oob_fill_value=-1,
              value_oob_fill_value=float("-inf"), output_idx_offset=None, return_value=True, config, seed=0,
-             sorted_index=False):
+             sorted_index=False, schedule="random"):
     """tilelang_ops.topk.topk on the emulator (CPU tensors): the wrapper's launch with `config`."""
     b, n = x.shape
     need_values = return_value or sorted
@@ -131,7 +133,7 @@ def emu_topk(x, k, *, end=None, sorted=False, indices_type=torch.int32, idx_oob_
     static = (TORCH_TO_TL[x.dtype], TORCH_TO_TL[indices_type], TORCH_TO_TL[off_dtype], need_values,
               output_idx_offset is not None, int(idx_oob_fill_value), float(value_oob_fill_value), "topk", 0, 1)
     flat, ld = flat_scores(x)
-    topk_emu_kernel(static, n, config, seed)(
+    topk_emu_kernel(static, n, config, seed, schedule)(
         flat.contiguous(), end if end is not None else _zeros(torch.int32),
         output_idx_offset if output_idx_offset is not None else _zeros(off_dtype),
         _zeros(torch.int32, (b, 1)), _zeros(torch.int32, (b, 1)),
@@ -142,7 +144,7 @@ def emu_topk(x, k, *, end=None, sorted=False, indices_type=torch.int32, idx_oob_
 
 
 def emu_topk_to_slots(x, k, *, end=None, candidate_blocks=None, candidate_block_size=None, block_size_c,
-                      block_tables, config, seed=0):
+                      block_tables, config, seed=0, schedule="random"):
     """tilelang_ops.topk.topk_to_slots on the emulator (CPU tensors): the wrapper's launch with `config`."""
     b, n = x.shape
     slots = torch.empty((b, k), dtype=torch.int32)
@@ -150,7 +152,7 @@ def emu_topk_to_slots(x, k, *, end=None, candidate_blocks=None, candidate_block_
               candidate_block_size or 0, block_size_c)
     flat, ld = flat_scores(x)
     cand = candidate_blocks if candidate_blocks is not None else _zeros(torch.int32, (b, 1))
-    topk_emu_kernel(static, n, config, seed)(
+    topk_emu_kernel(static, n, config, seed, schedule)(
         flat.contiguous(), end if end is not None else _zeros(torch.int32), _zeros(torch.int32), cand,
         block_tables, _zeros(x.dtype, (1, 1)), slots, n, ld, int(end is not None))
     return slots
@@ -193,7 +195,7 @@ def config_of(case) -> TopkConfig:
     return config
 
 
-def run_case(case, seed=0):
+def run_case(case, seed=0, schedule="random"):
     """(indices, values) comparisons of one case on the emulator against the twin."""
     dtype = torch.float32 if case.dtype == "fp32" else torch.bfloat16
     x = make_scores(case.dist, case.b, case.n, dtype)
@@ -201,7 +203,7 @@ def run_case(case, seed=0):
     if end is not None:
         x = poison_beyond_end(x, end)
     kw = dict(end=end, sorted=case.mode == "sorted", sorted_index=case.mode == "sorted_index")
-    v, i = emu_topk(x, case.k, **kw, config=config_of(case), seed=seed)
+    v, i = emu_topk(x, case.k, **kw, config=config_of(case), seed=seed, schedule=schedule)
     rv, ri = topk_torch(x, case.k, **kw)
     if case.mode == "any":
         v, i = as_pairs_by_index(v, i)
@@ -262,7 +264,7 @@ SETS = {
 }
 
 
-def misc(seed=0):
+def misc(seed=0, schedule="random"):
     """Options, fills, offsets, non-contiguous rows and the fused slots path (both modes)."""
 
     out = []
@@ -272,7 +274,8 @@ def misc(seed=0):
     off = torch.arange(6, dtype=torch.int64) * 100000
     kw = dict(end=end, indices_type=torch.int64, idx_oob_fill_value=-9, value_oob_fill_value=7.5,
               output_idx_offset=off, sorted_index=True)
-    v, i = emu_topk(x, 300, **kw, config=config_of(GpuCase("few", 6, 4000, 300)), seed=seed)
+    v, i = emu_topk(x, 300, **kw, config=config_of(GpuCase("few", 6, 4000, 300)), seed=seed,
+                    schedule=schedule)
     rv, ri = topk_torch(x.contiguous(), 300, **kw)
     out += [compare_bitwise("opt indices", i, ri), compare_bitwise("opt values", v, rv)]
     # long non-contiguous rows with offsets (the uncached tier)
@@ -281,17 +284,18 @@ def misc(seed=0):
     end = make_end("random", 3, 45000, 2048)
     off = torch.arange(3, dtype=torch.int32) * 7
     kw = dict(end=end, output_idx_offset=off, sorted=True)
-    v, i = emu_topk(x, 2048, **kw, config=config_of(GpuCase("randn", 3, 45000, 2048)), seed=seed)
+    v, i = emu_topk(x, 2048, **kw, config=config_of(GpuCase("randn", 3, 45000, 2048)), seed=seed,
+                    schedule=schedule)
     rv, ri = topk_torch(x.contiguous(), 2048, **kw)
     out += [compare_bitwise("long indices", i, ri), compare_bitwise("long values", v, rv)]
     for with_c, (dist, n, k) in ((False, ("randn", 40000, 2048)), (True, ("few", 4096, 512)),
                                  (True, ("randn", 30000, 2048)), (False, ("conc", 32768, 2048)),
                                  (False, ("special", 4096, 512))):
-        out.append(slots_case(dist, 3, n, k, with_c, config_of(GpuCase(dist, 3, n, k)), seed))
+        out.append(slots_case(dist, 3, n, k, with_c, config_of(GpuCase(dist, 3, n, k)), seed, schedule))
     return out
 
 
-def slots_case(dist, b, n, k, with_c, config, seed=0):
+def slots_case(dist, b, n, k, with_c, config, seed=0, schedule="random"):
     """The fused slots path on the emulator against the twin's top-k and the loop restore / convert."""
     from reference.topk import convert_kv_index_ref_, restore_candidate_indices_ref_
 
@@ -304,7 +308,8 @@ def slots_case(dist, b, n, k, with_c, config, seed=0):
     blocks = torch.stack([torch.randperm(mb * bc // bs, generator=g)[: n // bs] for _ in range(b)]).to(
         torch.int32) if with_c else None
     got = emu_topk_to_slots(x, k, end=end, candidate_blocks=blocks, candidate_block_size=bs if with_c else None,
-                            block_size_c=bc, block_tables=table, config=config, seed=seed)
+                            block_size_c=bc, block_tables=table, config=config, seed=seed,
+                            schedule=schedule)
     _, idx = topk_torch(x, k, end=end)
     if with_c:
         restore_candidate_indices_ref_(idx, blocks, bs)
@@ -323,7 +328,7 @@ def bmax_case(dtype, dist, b=7, n=1000, block_sizes=(8, 16, 7)):
     return out
 
 
-def bmax(seed=0):
+def bmax(seed=0, schedule="random"):
     return [c for dtype in (torch.float32, torch.bfloat16) for dist in ("randn", "special", "equal")
             for c in bmax_case(dtype, dist)]
 
@@ -338,9 +343,9 @@ SMOKE = [
 ]
 
 
-def smoke(seed=0):
-    out = [c for case in SMOKE for c in run_case(case, seed)]
-    out.append(slots_case("randn", 2, 3000, 100, True, TopkConfig("tile", 256, unroll=16), seed))
+def smoke(seed=0, schedule="random"):
+    out = [c for case in SMOKE for c in run_case(case, seed, schedule)]
+    out.append(slots_case("randn", 2, 3000, 100, True, TopkConfig("tile", 256, unroll=16), seed, schedule))
     return out + bmax_case(torch.bfloat16, "special", b=3, n=200, block_sizes=(16,))
 
 
@@ -348,6 +353,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("sets", nargs="*", default=["small", "mid", "long", "misc", "bmax"])
     ap.add_argument("--seeds", default="0")
+    ap.add_argument("--schedule", default="random", choices=("random", "warps"),
+                    help="fiber_emu's scheduler: random switches, or warp-serial (exposes races between barriers)")
     ap.add_argument("--mutate", default=None)
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--stream", action="store_true", help="streaming reads on every row-kernel launch")
@@ -363,14 +370,14 @@ def main():
         for seed in [int(s) for s in a.seeds.split(",")]:
             if which in ("misc", "bmax", "smoke"):
                 t = time.time()
-                res = {"misc": misc, "bmax": bmax, "smoke": smoke}[which](seed)
+                res = {"misc": misc, "bmax": bmax, "smoke": smoke}[which](seed, a.schedule)
                 fails = [c.message() for c in res if not c.passed]
                 bad += len(fails)
                 print(f"{which} seed{seed}: {'OK' if not fails else 'FAIL'} {time.time() - t:.1f}s {fails}", flush=True)
                 continue
             for case in SETS[which]:
                 t = time.time()
-                c1, c2 = run_case(case, seed)
+                c1, c2 = run_case(case, seed, a.schedule)
                 ok = c1.passed and c2.passed
                 bad += not ok
                 msg = "" if ok else " ".join(c.message() for c in (c1, c2) if not c.passed)

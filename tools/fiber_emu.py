@@ -3,7 +3,9 @@
 without a GPU: one fiber (ucontext) per CUDA thread, a seeded random scheduler that switches only at
 __syncthreads and warp intrinsics (shfl / ballot / all / match_any; all 32 lanes of a warp must reach the
 same call site, else it reports a divergent intrinsic or a deadlock), shared memory poisoned before
-every block, blocks run in a random order. Atomics are plain adds (fibers never interleave inside one).
+every block, blocks run in a random order. The warp-serial schedule (``EmuKernel.schedule = "warps"``)
+runs each warp on to its next __syncthreads before a later warp (random warp order) moves: a shared-memory
+race between two barriers, which the random switches rarely hit, then changes the results. Atomics are plain adds (fibers never interleave inside one).
 Thread block clusters: with ``cluster`` > 1 the blocks of one cluster run together (their fibers share the
 scheduler), each with its own shared memory; ``emu_cluster_arrive`` / ``emu_cluster_wait`` are the cluster
 barrier's halves and ``emu_cluster_ptr(p, rank)`` maps a shared-memory pointer into block ``rank`` of the
@@ -28,6 +30,7 @@ SHIM = r'''// CPU emulation of a CUDA thread block: one fiber (ucontext) per CUD
 #include <cstdlib>
 #include <vector>
 #include <random>
+#include <algorithm>
 #include <limits>
 #include <type_traits>
 #include <ucontext.h>
@@ -69,6 +72,7 @@ static int g_cl_gen, g_cl_count; static std::vector<int> g_cl_wait;  // cluster 
 struct WarpBar { int count = 0; int line = -1; std::vector<int> wait; uint64_t slot[32]; uint64_t out[32]; };
 static std::vector<WarpBar> g_wb;
 static int g_error;
+static int g_sched;  // 0: random at every switch point; 1: warp-serial (run_block)
 static void fail(const char* m, int line) { fprintf(stderr, "EMU ERROR: %s (line %d, tid %d)\n", m, line, g_cur); g_error = 1; exit(3); }
 static void set_ids() { threadIdx.x = g_cur % g_bt; blockIdx.x = g_blk0 + g_cur / g_bt; }
 static void yield_() { swapcontext(&g_f[g_cur].ctx, &g_main); set_ids(); }
@@ -164,9 +168,17 @@ static int run_block(int threads, void (*body)(), int poison) {
     f.ctx.uc_link = &g_main; makecontext(&f.ctx, fiber_entry, 0);
     g_runnable.push_back(t);
   }
+  // g_sched 1 (warp-serial): warps in a random priority order, the runnable fiber of the first warp runs,
+  // so a warp goes on to its next __syncthreads before any later warp moves; a race between two barriers
+  // (one warp's write against another's read of the same interval) then shows in the results
+  std::vector<int> prio(threads / 32);
+  for (size_t w = 0; w < prio.size(); ++w) prio[w] = (int)w;
+  std::shuffle(prio.begin(), prio.end(), g_rng);
   int done = 0;
   while (!g_runnable.empty()) {
-    size_t j = g_rng() % g_runnable.size();
+    size_t j = 0;
+    if (g_sched) { for (size_t q = 1; q < g_runnable.size(); ++q) if (prio[g_runnable[q] / 32] < prio[g_runnable[j] / 32]) j = q; }
+    else j = g_rng() % g_runnable.size();
     int t = g_runnable[j]; g_runnable[j] = g_runnable.back(); g_runnable.pop_back();
     g_cur = t; set_ids();
     swapcontext(&g_main, &g_f[t].ctx);
@@ -205,8 +217,8 @@ def build(src, name, opt="-O1"):
     launcher = f'''
 {glob}
 static void body_fn() {{ {kname}({", ".join("g_" + n for n in names)}); }}
-extern "C" int launch(int grid, int gridy, int threads, int cluster, unsigned seed, int poison, {", ".join(f"{t} {n}" for t, n in zip(types, names))}) {{
-  g_rng.seed(seed);
+extern "C" int launch(int grid, int gridy, int threads, int cluster, unsigned seed, int sched, int poison, {", ".join(f"{t} {n}" for t, n in zip(types, names))}) {{
+  g_rng.seed(seed); g_sched = sched;
   {" ".join(f"g_{n} = {n};" for n in names)}
   if (cluster < 1 || cluster > EMU_MAX_CLUSTER || grid % cluster) return 2;
   g_bt = threads;
@@ -233,6 +245,7 @@ class EmuKernel:
         self.lib, self.names, self.types = build(src, name)
         self.param_order, self.shapes = param_order, shapes
         self.seed, self.poison, self.threads, self.grid_of, self.cluster = 0, 1, 1024, None, 1
+        self.schedule = "random"  # or "warps": warp-serial scheduling (the shim's g_sched)
 
     def __call__(self, *args):
         kw = dict(zip(self.param_order, args))
@@ -254,6 +267,7 @@ class EmuKernel:
         grid, gridy = grid if isinstance(grid, tuple) else (grid, 1)
         rc = self.lib.launch(ctypes.c_int(grid), ctypes.c_int(gridy), ctypes.c_int(self.threads),
                              ctypes.c_int(self.cluster), ctypes.c_uint(self.seed),
+                             ctypes.c_int({"random": 0, "warps": 1}[self.schedule]),
                              ctypes.c_int(self.poison), *cargs)
         if rc != 0:
             raise RuntimeError("emulated kernel failed")

@@ -175,7 +175,7 @@ def _library(factory, static, name):
     return _LIBS[k]
 
 
-def _run(lib_names_types, values: dict, grid, threads: int, seed: int) -> None:
+def _run(lib_names_types, values: dict, grid, threads: int, seed: int, schedule: str = "random") -> None:
     import ctypes
 
     lib, names, types = lib_names_types
@@ -192,12 +192,12 @@ def _run(lib_names_types, values: dict, grid, threads: int, seed: int) -> None:
         else:
             cargs.append(ctypes.c_int(int(v)))
     rc = lib.launch(ctypes.c_int(grid[0]), ctypes.c_int(grid[1]), ctypes.c_int(threads), ctypes.c_int(1),
-                    ctypes.c_uint(seed), ctypes.c_int(1), *cargs)
+                    ctypes.c_uint(seed), ctypes.c_int({"random": 0, "warps": 1}[schedule]), ctypes.c_int(1), *cargs)
     if rc != 0:
         raise RuntimeError("emulated kernel failed")
 
 
-def emulate_paged(*, config=None, sms=132, seed=0, **kw):
+def emulate_paged(*, config=None, sms=132, seed=0, schedule="random", **kw):
     """``paged_index_logits(**kw)`` run on the CPU emulator (CPU tensors); returns the logits."""
     from tilelang_ops.index_logits import paged_plan
     from tilelang_ops.index_logits.scores import scores_kernel
@@ -210,11 +210,11 @@ def emulate_paged(*, config=None, sms=132, seed=0, **kw):
                 n=n, nrows=n, bc=bc, num_blocks=nblk, cbs=cbs, kps=kps, clean=clean, nq=q.shape[0],
                 cache_bytes=cache.numel(), nb_rows=table.shape[0], mb=table.shape[1], max_blocks=table.shape[1],
                 ncol=out.shape[1], ld_out=out.shape[1], ncand=cand.shape[1])
-    _run(_library(scores_kernel, static, "il_" + static[0]), vals, grid, 32 * static[3], seed)
+    _run(_library(scores_kernel, static, "il_" + static[0]), vals, grid, 32 * static[3], seed, schedule)
     return logits
 
 
-def emulate_ragged(*, config=None, sms=132, seed=0, **kw):
+def emulate_ragged(*, config=None, sms=132, seed=0, schedule="random", **kw):
     """``ragged_index_logits(**kw)`` run on the CPU emulator (CPU tensors); returns the logits."""
     from tilelang_ops.index_logits import ragged_plan
     from tilelang_ops.index_logits.scores import scores_kernel
@@ -229,11 +229,11 @@ def emulate_ragged(*, config=None, sms=132, seed=0, **kw):
                 max_width=max_width, kps=kps, clean=clean, nq=q.shape[0], nkeys=kc.shape[0], nkey_total=kc.shape[0],
                 ncol=out.shape[1],
                 ld_out=out.shape[1])
-    _run(_library(scores_kernel, static, "il_ragged"), vals, grid, 32 * static[3], seed)
+    _run(_library(scores_kernel, static, "il_ragged"), vals, grid, 32 * static[3], seed, schedule)
     return logits
 
 
-def emulate_quantize(x, seed=0):
+def emulate_quantize(x, seed=0, schedule="random"):
     """``quantize_index_rows(x)`` on the CPU emulator; returns (codes, scales)."""
     from tilelang_ops.index_logits.quantize import THREADS, quantize_kernel
 
@@ -243,5 +243,5 @@ def emulate_quantize(x, seed=0):
     if rows.shape[0]:
         vals = dict(x=rows, codes=codes, scales=scales, rows=rows.shape[0])
         grid = (-(-rows.shape[0] * 4 // THREADS), 1)
-        _run(_library(quantize_kernel, (THREADS,), "il_quantize"), vals, grid, THREADS, seed)
+        _run(_library(quantize_kernel, (THREADS,), "il_quantize"), vals, grid, THREADS, seed, schedule)
     return codes.reshape(*x.shape[:-1], 64), scales.reshape(*x.shape[:-1], 4)

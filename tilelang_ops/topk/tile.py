@@ -83,7 +83,10 @@ def tile_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
             lane = tx % 32
             warp = tx // 32
             s_hist = T.alloc_shared([2 * HS], "int32")  # two histograms, by pass parity
-            s_tot = T.alloc_shared([NW], "int32")  # a pass's chunk totals; then the ordered pass's counts
+            s_tot = T.alloc_shared([NW], "int32")  # a pass's chunk totals
+            # the ordered pass's packed warp counts: their own array, since a warp writes its count while
+            # slower warps may still read the last pass's chunk totals (no barrier between the two)
+            s_ord = T.alloc_shared([NW], "int32")
             s_mm = T.alloc_shared([2, NW], "uint32")  # per-warp min / max
             kb = T.alloc_local([U], "uint32")
             inl = T.alloc_local([U], "int32")
@@ -205,9 +208,9 @@ def tile_kernel(in_dtype: str = "float32", idx_dtype: str = "int32", off_dtype: 
                 lt = (T.uint32(1) << T.Cast("uint32", lane)) - T.uint32(1)  # lanes below mine
                 _ordered_classes(kb, inl, wcnt, U, lo, hi, cnt, kk, lt)
                 if lane == 0:
-                    s_tot[warp] = wcnt[0]
+                    s_ord[warp] = wcnt[0]
                 T.sync_threads()
-                c = _warp_sum(T.if_then_else(lane < warp, s_tot[lane], 0))  # packed counts, warps before
+                c = _warp_sum(T.if_then_else(lane < warp, s_ord[lane], 0))  # packed counts, warps before
                 if cnt == kk:  # block-uniform: every key >= lo is taken, there are no ties to count
                     for u in T.unroll(U):
                         pos = c + (inl[u] & 0xFFFF)
