@@ -10,16 +10,20 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The sanitizer runs the command and prints one ERROR SUMMARY per process (racecheck: a hazard line too);
-# FAKE_ERRORS / FAKE_SILENT_TOOL pick a tool that reports errors or prints no summary.
+# The sanitizer runs the command and prints one summary per process, as compute-sanitizer does: racecheck
+# "RACECHECK SUMMARY: N hazards displayed (N errors, 0 warnings)", the other tools "ERROR SUMMARY: N errors";
+# FAKE_ERROR_TOOL / FAKE_SILENT_TOOL pick a tool that reports errors or prints no summary.
 FAKE_SANITIZER = """#!/usr/bin/env bash
 tool=$2; shift 2
 while [ "${1#--}" != "$1" ]; do shift 2; done
 "$@"; status=$?
 [ "$tool" = "${FAKE_SILENT_TOOL:-}" ] && exit $status
 errors=0; [ "$tool" = "${FAKE_ERROR_TOOL:-}" ] && errors=3
-echo "========= ERROR SUMMARY: $errors errors"
-[ "$tool" = racecheck ] && echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+if [ "$tool" = racecheck ]; then
+  echo "========= RACECHECK SUMMARY: $errors hazards displayed ($errors errors, 0 warnings)"
+else
+  echo "========= ERROR SUMMARY: $errors errors"
+fi
 [ $errors != 0 ] && exit 99
 exit $status
 """
@@ -47,6 +51,8 @@ class Run:
 RUNS = [
     Run("clean", {}, True),
     Run("memcheck_errors", {"FAKE_ERROR_TOOL": "memcheck"}, False, "cases_memcheck: 3 errors"),
+    Run("racecheck_hazards", {"FAKE_ERROR_TOOL": "racecheck"}, False,
+        "cases_racecheck: 3 errors in 1 process"),
     Run("synccheck_errors", {"FAKE_ERROR_TOOL": "synccheck"}, False, "cases_synccheck: 3 errors"),
     Run("mismatch", {"FAKE_MISMATCH_OP": "topk"}, False, "mismatches=1"),
     Run("no_summary", {"FAKE_SILENT_TOOL": "racecheck"}, False, "cases_racecheck: 0 errors in 0 process(es)"),
@@ -76,4 +82,4 @@ def test_sanitize_verdict_follows_the_summaries(run, tmp_path):
     if run.flagged:
         assert any(run.flagged in line for line in lines), run.flagged
     if run.id == "clean":
-        assert "RACECHECK SUMMARY: 0 hazards" in out
+        assert "cases_racecheck: 0 errors in 1 process(es); RACECHECK SUMMARY: 0 hazards" in out

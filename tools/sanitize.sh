@@ -39,10 +39,13 @@ run() {
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SAN_TIMEOUT:-900}" "$SAN" --tool "$tool" ${opts[@]+"${opts[@]}"} \
     --error-exitcode 99 "$@" > "$LOG_DIR/$name.log" 2>&1
   local status=$?
-  # every process the sanitizer followed prints an ERROR SUMMARY: add them up; none at all is a failure
+  # every process the sanitizer followed prints a summary (racecheck: "RACECHECK SUMMARY: ... (N errors,",
+  # the other tools: "ERROR SUMMARY: N"): add up their errors; none at all is a failure
   local summaries errors hazards bad_cases
-  summaries=$(grep -c "ERROR SUMMARY" "$LOG_DIR/$name.log")
-  errors=$(grep -oE "ERROR SUMMARY: [0-9]+" "$LOG_DIR/$name.log" | awk '{s += $3} END {print s + 0}')
+  summaries=$(grep -cE "(ERROR|RACECHECK) SUMMARY" "$LOG_DIR/$name.log")
+  errors=$( (grep -oE "ERROR SUMMARY: [0-9]+" "$LOG_DIR/$name.log" | awk '{print $3}';
+             grep -E "RACECHECK SUMMARY" "$LOG_DIR/$name.log" | grep -oE "\(([0-9]+) errors" | tr -d '(') |
+            awk '{s += $1} END {print s + 0}')
   hazards=$(grep -E "RACECHECK SUMMARY" "$LOG_DIR/$name.log" | sed 's/^=* *//' | tail -n 1)
   bad_cases=$(grep -c "MISMATCH" "$LOG_DIR/$name.log")
   echo "$name: $errors errors in $summaries process(es)${hazards:+; $hazards}; mismatches=$bad_cases (exit $status)"
