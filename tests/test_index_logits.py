@@ -432,6 +432,26 @@ def test_gpu_paged_out_none_and_every_row_count():
         compare_bitwise(f"logits n={n}", torch.where(keep, got, 0.0), torch.where(keep, want, 0.0)).check()
 
 
+def test_gather_index_rows_is_the_loop_over_block_tables():
+    """The prefill path's torch gather of each request's index rows (both chains of the end-to-end test use
+    it, so it is checked here against a loop over the block tables, byte for byte)."""
+    from tilelang_ops.testing.index_path import BC, RATIO, build_path, gather_index_rows
+
+    p = build_path(PathCase("prefill_b3", True, (700, 6000, 301), 300), device="cpu")
+    cache, meta = p["index_cache"], p["meta"]
+    g = torch.Generator().manual_seed(3)
+    cache.copy_(torch.randint(0, 256, cache.shape, dtype=torch.uint8, generator=g))
+    codes, scales = gather_index_rows(cache, meta)
+    want_codes, want_scales = [], []
+    for b in range(meta.num_reqs):
+        for j in range(int(meta.seqlens_k[b]) // RATIO):
+            blk, pos = int(meta.block_tables[b, j // BC]), j % BC
+            want_codes.append(cache[blk, pos * 64:(pos + 1) * 64])
+            want_scales.append(cache[blk, BC * 64 + pos * 4:BC * 64 + (pos + 1) * 4])
+    compare_bitwise("codes", codes, torch.stack(want_codes)).check()
+    compare_bitwise("scales", scales, torch.stack(want_scales)).check()
+
+
 @requires_cuda
 @pytest.mark.parametrize("case", GPU_PATHS, ids=case_id)
 def test_gpu_index_read_path_end_to_end(case):

@@ -216,20 +216,22 @@ def decode_step_args(p: dict) -> tuple[list, dict]:
 
 def gather_index_rows(index_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
     """Every request's index rows [0, seqlen_k // r) in request order (the prefill's gathered keys):
-    (codes [N, 64], scales [N, 4]); request b starts at row output_idx_offset of its first token."""
+    (codes [N, 64], scales [N, 4]); request b starts at row output_idx_offset of its first token.
+    Indexing on the cache's device: logical row j of request b is row j % BC of block
+    block_tables[b, j // BC]."""
     fmt = FP4_INDEX_KV_FORMAT
-    slots = []
-    for b in range(meta.num_reqs):
-        nrows = int(meta.seqlens_k[b]) // RATIO
-        table = meta.block_tables[b].tolist()
-        slots += [table[j // BC] * BC + j % BC for j in range(nrows)]
-    s = torch.tensor(slots, dtype=torch.long, device=index_cache.device)
-    blk, pos = s // BC, s % BC
+    dev = index_cache.device
+    nrows = torch.as_tensor([int(s) // RATIO for s in meta.seqlens_k], dtype=torch.long, device=dev)
+    req = torch.repeat_interleave(torch.arange(len(nrows), device=dev), nrows)
+    starts = torch.cumsum(nrows, 0) - nrows
+    j = torch.arange(req.numel(), device=dev) - starts[req]
+    blk = meta.block_tables.to(dev).long()[req, j // BC]
+    pos = j % BC
     base = blk * index_cache.shape[1]
     flat = index_cache.reshape(-1)
-    d = base[:, None] + pos[:, None] * fmt.data_bytes + torch.arange(fmt.data_bytes, device=s.device)
+    d = base[:, None] + pos[:, None] * fmt.data_bytes + torch.arange(fmt.data_bytes, device=dev)
     c = base[:, None] + BC * fmt.data_bytes + pos[:, None] * fmt.scale_bytes + torch.arange(
-        fmt.scale_bytes, device=s.device)
+        fmt.scale_bytes, device=dev)
     return flat[d], flat[c]
 
 
