@@ -6,6 +6,7 @@ empty ranges), every value distribution (wide blocks take the general path), sev
 and scheduler seeds. ``--mutate "old=>new"`` (via fiber_emu's EMU_MUTATE) checks that a broken source fails.
 
     PYTHONPATH=. .venv/bin/python tools/check_index_logits_emu.py [case-substring ...] [--seeds 0,1]
+        [--schedule warps]
 """
 
 import argparse
@@ -68,22 +69,22 @@ CASES = [
 ]
 
 
-def run_quantize(seed):
+def run_quantize(seed, schedule="random"):
     g = torch.Generator().manual_seed(seed)
     x = torch.cat([index_values(24, d, g) for d in DISTS]).to(torch.bfloat16).reshape(2, -1, 128)
-    got, want = emulate_quantize(x, seed=seed), quantize_index_rows_torch(x)
+    got, want = emulate_quantize(x, seed=seed, schedule=schedule), quantize_index_rows_torch(x)
     return [compare_bitwise("codes", got[0], want[0]), compare_bitwise("scales", got[1], want[1])]
 
 
-def run_case(case, config, seed):
+def run_case(case, config, seed, schedule="random"):
     if isinstance(case, PagedCase):
         kw = make_paged_inputs(case)
         want = paged_index_logits_torch(**{**kw, "out": kw["out"].clone()})
-        got = emulate_paged(**{**kw, "out": kw["out"].clone()}, config=config, seed=seed)
+        got = emulate_paged(**{**kw, "out": kw["out"].clone()}, config=config, seed=seed, schedule=schedule)
     else:
         kw = make_ragged_inputs(case)
         want = ragged_index_logits_torch(**{**kw, "out": kw["out"].clone()})
-        got = emulate_ragged(**{**kw, "out": kw["out"].clone()}, config=config, seed=seed)
+        got = emulate_ragged(**{**kw, "out": kw["out"].clone()}, config=config, seed=seed, schedule=schedule)
     return [compare_bitwise("logits", got, want)]
 
 
@@ -92,6 +93,8 @@ def main(argv):
     ap.add_argument("only", nargs="*")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--mutate", default=None)
+    ap.add_argument("--schedule", default="random", choices=("random", "warps"),
+                    help="fiber_emu's scheduler: random, or warp-serial (exposes races between barriers)")
     a = ap.parse_args(argv)
     if a.mutate:
         os.environ["EMU_MUTATE"], os.environ["EMU_MUTATE_ANY"] = a.mutate, "1"
@@ -102,7 +105,7 @@ def main(argv):
             if a.only and not any(o in name for o in a.only):
                 continue
             t0 = time.time()
-            comps = run_quantize(seed) if case is None else run_case(case, cfg, seed)
+            comps = run_quantize(seed, a.schedule) if case is None else run_case(case, cfg, seed, a.schedule)
             bad = [c for c in comps if not c.passed]
             failed += bool(bad)
             print(f"{'FAIL' if bad else 'ok  '} {name} seed {seed} ({time.time() - t0:.1f} s)"
