@@ -33,6 +33,7 @@ from tilelang_ops.testing.index_logits import (  # noqa: E402
     make_paged_inputs,
     make_ragged_inputs,
 )
+from tools.fiber_emu import SCHEDULES  # noqa: E402
 from tools.index_logits_emu import emulate_paged, emulate_quantize, emulate_ragged  # noqa: E402
 
 P = PagedCase
@@ -93,7 +94,7 @@ def main(argv):
     ap.add_argument("only", nargs="*")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--mutate", default=None)
-    ap.add_argument("--schedule", default="random", choices=("random", "warps"),
+    ap.add_argument("--schedule", default="random", choices=SCHEDULES,
                     help="fiber_emu's scheduler: random, or warp-serial (exposes races between barriers)")
     a = ap.parse_args(argv)
     if a.mutate:

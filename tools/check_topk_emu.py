@@ -38,7 +38,7 @@ from tilelang_ops.topk._host import TORCH_TO_TL, flat_scores  # noqa: E402
 from tilelang_ops.topk.elementwise import block_max_kernel  # noqa: E402
 from tilelang_ops.topk.launch import TopkConfig, topk_config  # noqa: E402
 from tilelang_ops.topk.ptx import CLUSTER_PRELUDE, STREAM_PRELUDE  # noqa: E402
-from tools.fiber_emu import EmuKernel  # noqa: E402
+from tools.fiber_emu import SCHEDULES, EmuKernel  # noqa: E402
 
 ORDER = ["scores", "end", "offset", "cand", "table", "values", "indices", "n", "ld", "has_end"]
 SHAPES = {"total": ("scores", None), "nb_end": ("end", None), "nb_off": ("offset", None),
@@ -353,7 +353,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("sets", nargs="*", default=["small", "mid", "long", "misc", "bmax"])
     ap.add_argument("--seeds", default="0")
-    ap.add_argument("--schedule", default="random", choices=("random", "warps"),
+    ap.add_argument("--schedule", default="random", choices=SCHEDULES,
                     help="fiber_emu's scheduler: random switches, or warp-serial (exposes races between barriers)")
     ap.add_argument("--mutate", default=None)
     ap.add_argument("--sms", type=int, default=132)

@@ -3,9 +3,10 @@
 without a GPU: one fiber (ucontext) per CUDA thread, a seeded random scheduler that switches only at
 __syncthreads and warp intrinsics (shfl / ballot / all / match_any; all 32 lanes of a warp must reach the
 same call site, else it reports a divergent intrinsic or a deadlock), shared memory poisoned before
-every block, blocks run in a random order. The warp-serial schedule (``EmuKernel.schedule = "warps"``)
-runs each warp on to its next __syncthreads before a later warp (random warp order) moves: a shared-memory
-race between two barriers, which the random switches rarely hit, then changes the results. Atomics are plain adds (fibers never interleave inside one).
+every block, blocks run in a random order. Atomics are plain adds (fibers never interleave inside one).
+The warp-serial schedule (``EmuKernel.schedule = "warps"``) runs each warp on to its next __syncthreads
+before a later warp (random warp order) moves: a shared-memory race between two barriers, which the
+random switches rarely hit, then changes the results.
 Thread block clusters: with ``cluster`` > 1 the blocks of one cluster run together (their fibers share the
 scheduler), each with its own shared memory; ``emu_cluster_arrive`` / ``emu_cluster_wait`` are the cluster
 barrier's halves and ``emu_cluster_ptr(p, rank)`` maps a shared-memory pointer into block ``rank`` of the
@@ -19,6 +20,8 @@ import re
 import subprocess
 
 WORK = os.environ.get("FIBER_EMU_DIR", "/tmp/fiber_emu")
+# the schedules a launch takes (the shim's g_sched is the position): random switches, warp-serial
+SCHEDULES = ("random", "warps")
 os.makedirs(WORK, exist_ok=True)
 
 SHIM = r'''// CPU emulation of a CUDA thread block: one fiber (ucontext) per CUDA thread, a random scheduler,
@@ -171,9 +174,12 @@ static int run_block(int threads, void (*body)(), int poison) {
   // g_sched 1 (warp-serial): warps in a random priority order, the runnable fiber of the first warp runs,
   // so a warp goes on to its next __syncthreads before any later warp moves; a race between two barriers
   // (one warp's write against another's read of the same interval) then shows in the results
-  std::vector<int> prio(threads / 32);
-  for (size_t w = 0; w < prio.size(); ++w) prio[w] = (int)w;
-  std::shuffle(prio.begin(), prio.end(), g_rng);
+  std::vector<int> prio;
+  if (g_sched) {
+    prio.resize(threads / 32);
+    for (size_t w = 0; w < prio.size(); ++w) prio[w] = (int)w;
+    std::shuffle(prio.begin(), prio.end(), g_rng);
+  }
   int done = 0;
   while (!g_runnable.empty()) {
     size_t j = 0;
@@ -267,7 +273,7 @@ class EmuKernel:
         grid, gridy = grid if isinstance(grid, tuple) else (grid, 1)
         rc = self.lib.launch(ctypes.c_int(grid), ctypes.c_int(gridy), ctypes.c_int(self.threads),
                              ctypes.c_int(self.cluster), ctypes.c_uint(self.seed),
-                             ctypes.c_int({"random": 0, "warps": 1}[self.schedule]),
+                             ctypes.c_int(SCHEDULES.index(self.schedule)),
                              ctypes.c_int(self.poison), *cargs)
         if rc != 0:
             raise RuntimeError("emulated kernel failed")

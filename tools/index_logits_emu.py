@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from tools.fiber_emu import WORK, build  # noqa: E402
+from tools.fiber_emu import SCHEDULES, WORK, build  # noqa: E402
 
 EMU_PRELUDE = r"""
 struct uint4 { uint x, y, z, w; };
@@ -192,7 +192,7 @@ def _run(lib_names_types, values: dict, grid, threads: int, seed: int, schedule:
         else:
             cargs.append(ctypes.c_int(int(v)))
     rc = lib.launch(ctypes.c_int(grid[0]), ctypes.c_int(grid[1]), ctypes.c_int(threads), ctypes.c_int(1),
-                    ctypes.c_uint(seed), ctypes.c_int({"random": 0, "warps": 1}[schedule]), ctypes.c_int(1), *cargs)
+                    ctypes.c_uint(seed), ctypes.c_int(SCHEDULES.index(schedule)), ctypes.c_int(1), *cargs)
     if rc != 0:
         raise RuntimeError("emulated kernel failed")
 
