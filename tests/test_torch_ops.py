@@ -11,12 +11,14 @@ inputs, bitwise equal to eager.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -129,6 +131,73 @@ def test_only_plain_eager_calls_skip_the_dispatcher():
     with Passthrough():
         assert not _plain_eager((0,), (x,))
     assert not _plain_eager((0,), (torch.nn.Parameter(x),))
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanCase:
+    """A second call after ``(x, k, y)`` with x [8, 16] fp32, k 4, y None: ``change`` makes its arguments
+    from the first call's; ``same``: its static key is the first call's; ``recent``: the most recent key's
+    compiled check accepts it too (the guard also compares ``requires_grad``, which no plan reads)."""
+
+    id: str
+    change: Callable
+    same: bool
+    recent: bool = False
+
+
+def _misaligned(x):
+    return torch.zeros(x.numel() + 1)[1:].view(x.shape)  # 4 bytes past a 16-byte aligned address
+
+
+PLAN_CASES = [
+    PlanCase("same_tensors", lambda x, k, y: (x, k, y), True, True),
+    PlanCase("new_tensors_same_key", lambda x, k, y: (x.clone(), 4, None), True, True),
+    PlanCase("requires_grad", lambda x, k, y: (x.clone().requires_grad_(), k, y), True),
+    PlanCase("shape", lambda x, k, y: (x[:4], k, y), False),
+    PlanCase("strides", lambda x, k, y: (x.t().contiguous().t(), k, y), False),
+    PlanCase("dtype", lambda x, k, y: (x.double(), k, y), False),
+    PlanCase("scalar_value", lambda x, k, y: (x, 5, y), False),
+    PlanCase("scalar_class", lambda x, k, y: (x, 4.0, y), False),
+    PlanCase("none_to_tensor", lambda x, k, y: (x, k, x), False),
+    PlanCase("misaligned", lambda x, k, y: (_misaligned(x), k, y), False),
+]
+
+
+def _counting_plans():
+    from tilelang_ops._library import Plans, plan_key
+
+    made = []
+
+    def make(*args):
+        made.append(plan_key(args))
+        return len(made)
+
+    return Plans(make), made
+
+
+@pytest.mark.parametrize("case", PLAN_CASES, ids=lambda c: c.id)
+def test_a_plan_is_made_once_per_static_key(case):
+    """``Plans`` makes a plan on a key's first call only, whichever of the two keys came last."""
+    from tilelang_ops._library import plan_key
+
+    plans, made = _counting_plans()
+    first = (torch.zeros(8, 16), 4, None)
+    second = case.change(*first)
+    assert (plan_key(second) == plan_key(first)) == case.same, f"{case.id} does not change what it says"
+    want = 1 if case.same else 2
+    assert plans(first) == 1 and plans(second) == want, f"{case.id}: made {made}"
+    assert plans(first) == 1 and plans(second) == want and len(made) == want, f"{case.id}: made {made}"
+
+
+@pytest.mark.parametrize("case", PLAN_CASES, ids=lambda c: c.id)
+def test_the_most_recent_key_is_checked_without_the_table(case):
+    """With the table emptied, only the most recent key's compiled check can find the plan: it does for
+    the same key and for no changed part of it."""
+    plans, made = _counting_plans()
+    first = (torch.zeros(8, 16), 4, None)
+    plans(first)
+    plans.table.clear()
+    assert plans(case.change(*first)) == (1 if case.recent else 2), f"{case.id}: made {made}"
 
 
 def _launch_with_configs():

@@ -12,9 +12,10 @@ costs about as much as for a built-in op.
 
 Eager path. A call's static key (the shapes, strides, dtypes and devices of its tensors, the 16-byte
 alignment of their addresses and its Python scalars) maps to a launch plan made by the op's full host
-checks on the first call with that key; later calls with the same key look the plan up and launch the
-compiled function directly (``direct``). No call reads a device value on the host unless
-TILELANG_OPS_DEBUG=1 asks for the value checks, so the ops record into CUDA graphs.
+checks on the first call with that key (``Plans``); later calls with the same key look the plan up, the
+most recent key through one compiled guard check, and launch the compiled function directly
+(``direct``). No call reads a device value on the host unless TILELANG_OPS_DEBUG=1 asks for the value
+checks, so the ops record into CUDA graphs.
 
 Compiles. Kernels are compiled on the first call that needs them (``kernel``), or ahead of time by
 ``warmup``; a compile that would happen while a CUDA graph is being captured raises instead.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 
 import torch
 
@@ -104,26 +106,89 @@ def plan_key(args: Sequence) -> tuple:
 
 
 MAX_PLANS = 4096  # launch plans kept per op; prefill shapes vary per call, so the cache is bounded
-_PLAN_CACHES: dict[int, dict] = {}
+
+try:  # torch's compiled tensor-guard check (what torch.compile's guards run)
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except ImportError:  # pragma: no cover - every supported torch has it
+    _TensorGuards = None
+
+_data_ptr = _Tensor.data_ptr
 
 
-def plan(cache: dict, make: Callable, args: tuple):
-    """The launch plan of ``args``' static key: looked up, or made by ``make(*args)`` (the op's full host
-    checks) on the key's first call."""
-    key = plan_key(args)
-    found = cache.get(key)
-    if found is None:
-        if len(cache) >= MAX_PLANS:
-            cache.clear()
-        _PLAN_CACHES[id(cache)] = cache
-        found = cache[key] = make(*args)
-    return found
+def _picker(positions: tuple[int, ...]) -> Callable[[Sequence], tuple]:
+    """The items of a call's arguments at ``positions``, as a tuple (``itemgetter`` of one position
+    returns the bare item)."""
+    if len(positions) == 1:
+        i = positions[0]
+        return lambda args: (args[i],)
+    return itemgetter(*positions) if positions else (lambda args: ())
+
+
+class Plans:
+    """An op's launch plans by static key (``plan_key``): ``plans(args)`` looks the key up, or makes the
+    plan with ``make(*args)`` (the op's full host checks) on the key's first call.
+
+    The most recent key is also held as one compiled check, tried first: torch's ``TensorGuards`` over the
+    tensor arguments (exact type, dispatch keys, dtype, device, sizes, strides, ``requires_grad``), the
+    other arguments compared by class and value, and every address 16-byte aligned. An engine's decode step
+    repeats its keys, and the check costs a fraction of building the key."""
+
+    __slots__ = ("make", "table", "recent")
+
+    def __init__(self, make: Callable):
+        self.make = make
+        self.table: dict[tuple, object] = {}
+        # (tensors of a call, their guard check, other arguments of a call, their values and classes, plan)
+        self.recent: tuple | None = None
+        _PLAN_CACHES.append(self)
+
+    def __call__(self, args: tuple):
+        recent = self.recent
+        if recent is not None:
+            tensors_of, check, others_of, others, classes, found = recent
+            tensors = tensors_of(args)
+            now = others_of(args)
+            # classes before values: a tensor where the key holds a scalar would compare elementwise
+            if check(*tensors) and tuple(map(type, now)) == classes and now == others:
+                aligned = 0
+                for t in tensors:
+                    aligned |= _data_ptr(t)
+                if not aligned & 15:
+                    return found
+        key = plan_key(args)
+        found = self.table.get(key)
+        if found is None:
+            if len(self.table) >= MAX_PLANS:
+                self.table.clear()
+            found = self.table[key] = self.make(*args)
+        self.recent = self._recent(key, args, found)
+        return found
+
+    @staticmethod
+    def _recent(key: tuple, args: tuple, found) -> tuple | None:
+        """The compiled check of ``key``: only for keys of plain, aligned tensors (others take the table)."""
+        if _TensorGuards is None:
+            return None
+        tpos = tuple(i for i, a in enumerate(args) if isinstance(a, _Tensor))
+        if any(args[i].__class__ is not _Tensor or key[i][4] for i in tpos):
+            return None
+        opos = tuple(i for i in range(len(args)) if i not in tpos)
+        tensors = [args[i] for i in tpos]
+        guards = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                               dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        others_of = _picker(opos)
+        others = others_of(args)
+        return _picker(tpos), guards.check, others_of, others, tuple(map(type, others)), found
+
+
+_PLAN_CACHES: list[Plans] = []
 
 
 def forget_plans() -> None:
     """Drop every launch plan and compiled kernel of this process (the next calls check and look up again)."""
-    for cache in _PLAN_CACHES.values():
-        cache.clear()
+    for plans in _PLAN_CACHES:
+        plans.table.clear()
+        plans.recent = None
     _KERNELS.clear()
 
 

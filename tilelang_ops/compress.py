@@ -29,7 +29,7 @@ from metadata.compress_args import (
     dispatch_compress,
 )
 from metadata.gather_rows_args import c1_reverse_index
-from tilelang_ops._library import call_op, kernel, plan, register_op
+from tilelang_ops._library import Plans, call_op, kernel, register_op
 from tilelang_ops.gather_rows import gather_rows
 
 THREADS = 128
@@ -328,9 +328,6 @@ def compress_decode_kernel(dim: int, compress_ratio: int, ring: int = 0):
 # torch-facing wrappers: torch.ops.tilelang_ops.compress_prefill / compress_decode (SPEC 7)
 # ----------------------------------------------------------------------------------------------
 
-_PREFILL_PLANS: dict[tuple, tuple] = {}
-_DECODE_PLANS: dict[tuple, tuple] = {}
-
 
 def _checked(dims, projected_kv, state_cache):
     check_cuda(projected_kv=projected_kv, state_cache=state_cache)
@@ -365,12 +362,16 @@ def _decode_plan(*args):
     return dims, kernel(compress_decode_kernel, dims.dim, args[5])
 
 
+_PREFILL_PLANS = Plans(_prefill_plan)
+_DECODE_PLANS = Plans(_decode_plan)
+
+
 def _prefill_impl(projected_kv: torch.Tensor, state_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
                   context_lens: torch.Tensor, state_block_idx: torch.Tensor, cu_compressed: torch.Tensor,
                   compress_ratio: int, num_rows: int | None = None) -> torch.Tensor:
     args = (projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
             compress_ratio, num_rows)
-    dims, fn = plan(_PREFILL_PLANS, _prefill_plan, args)
+    dims, fn = _PREFILL_PLANS(args)
     if debug_checks_enabled():
         num_rows = check_prefill_values(*args)
     if num_rows is None:
@@ -394,7 +395,7 @@ def _prefill_fake(projected_kv, state_cache, cu_seqlens_q, context_lens, state_b
 def _decode_impl(projected_kv: torch.Tensor, state_cache: torch.Tensor, context_lens: torch.Tensor,
                  state_block_idx: torch.Tensor, max_seqlen_q: int, compress_ratio: int) -> torch.Tensor:
     args = (projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio)
-    dims, fn = plan(_DECODE_PLANS, _decode_plan, args)
+    dims, fn = _DECODE_PLANS(args)
     if debug_checks_enabled():
         check_decode_values(*args[:5])
     kv = torch.empty(dims.num_tokens, dims.dim, dtype=torch.bfloat16, device=projected_kv.device)

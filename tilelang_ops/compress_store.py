@@ -54,7 +54,7 @@ from metadata.compress_store_args import (
     check_compress_store_prefill_args,
     check_compress_store_prefill_values,
 )
-from tilelang_ops._library import dummy, kernel, plan, register_op
+from tilelang_ops._library import Plans, dummy, kernel, register_op
 from tilelang_ops.kv_store import (
     _TORCH_TO_TL,
     VEC,
@@ -567,9 +567,6 @@ def _static(fmt, r, rope_dim, interleaved, out_norm, norm_weight, positions, slo
 # the format's name (``fmt.name``); the Python functions take the KVCacheFormat.
 # ----------------------------------------------------------------------------------------------
 
-_PLANS: dict[tuple, tuple] = {}
-
-
 def _launchable(projected_kv, state_cache, kv_cache, fmt, compress_ratio, rope_dim, interleaved, out_norm,
                 norm_weight, positions, slot_mapping) -> tuple:
     """The checks a launch adds to the shape checks (devices, addresses, the kernel's configurations);
@@ -621,6 +618,10 @@ def _decode_plan(*args):
     return dims, (kernel(compress_store_decode_kernel, *static) if dims.store.rows else None)
 
 
+_PREFILL_PLANS = Plans(_prefill_plan)
+_DECODE_PLANS = Plans(_decode_plan)
+
+
 def _prefill_launch(plan_, projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
                     cu_compressed, compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping,
                     kv_cache, fmt, out_norm, num_rows, rope_dim, interleaved):
@@ -661,7 +662,7 @@ def _prefill_impl(projected_kv: Tensor, state_cache: Tensor, cu_seqlens_q: Tenso
     args = (projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
             compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, cache_format(fmt),
             out_norm, num_rows, rope_dim, interleaved)
-    _prefill_launch(plan(_PLANS, _prefill_plan, args), *args)
+    _prefill_launch(_PREFILL_PLANS(args), *args)
 
 
 def _prefill_fake(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
@@ -679,7 +680,7 @@ def _decode_impl(projected_kv: Tensor, state_cache: Tensor, context_lens: Tensor
     args = (projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio,
             norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, cache_format(fmt), out_norm,
             rope_dim, interleaved)
-    _decode_launch(plan(_PLANS, _decode_plan, args), *args)
+    _decode_launch(_DECODE_PLANS(args), *args)
 
 
 def _decode_fake(projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio,

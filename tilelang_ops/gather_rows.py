@@ -19,7 +19,7 @@ import torch
 
 from metadata.checks import check_cuda, debug_checks_enabled
 from metadata.gather_rows_args import VEC, check_gather_rows_args, check_gather_rows_index
-from tilelang_ops._library import call_op, kernel, plan, register_op
+from tilelang_ops._library import Plans, call_op, kernel, register_op
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def _plan(x, index, config=None):
     return n, d, m, kernel(gather_rows_kernel, d, config.threads, config.vectors_per_thread)
 
 
-_PLANS: dict[tuple, tuple] = {}
+_PLANS = Plans(_plan)
 
 
 def _launch(x, index, n, d, m, fn):
@@ -164,7 +164,7 @@ def _launch(x, index, n, d, m, fn):
 
 
 def _impl(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    return _launch(x, index, *plan(_PLANS, _plan, (x, index)))
+    return _launch(x, index, *_PLANS((x, index)))
 
 
 def _fake(x, index):

@@ -25,7 +25,7 @@ from metadata.index_logits_args import (
     check_ragged_args,
     check_ragged_values,
 )
-from tilelang_ops._library import call_op, dummy, kernel, plan, register_op
+from tilelang_ops._library import Plans, call_op, dummy, kernel, register_op
 
 CODE_BYTES, SCALE_BYTES, INDEX_DIM = 64, 4, 128
 ROW_CHOICES = (1, 2, 4, 8)  # query rows per CTA the kernels are built for (n rounds up)
@@ -237,7 +237,6 @@ def ragged_plan(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width
 # ----------------------------------------------------------------------------------------------
 
 Tensor = torch.Tensor
-_PLANS: dict[tuple, tuple] = {}
 
 
 def _quantize_check(x):
@@ -246,8 +245,11 @@ def _quantize_check(x):
     return lead
 
 
+_QUANTIZE_PLANS = Plans(_quantize_check)
+
+
 def _quantize_impl(x: Tensor) -> tuple[Tensor, Tensor]:
-    lead = plan(_PLANS, _quantize_check, (x,))
+    lead = _QUANTIZE_PLANS((x,))
     rows = x.reshape(-1, INDEX_DIM).contiguous()
     codes = torch.empty((rows.shape[0], CODE_BYTES), dtype=torch.uint8, device=x.device)
     scales = torch.empty((rows.shape[0], SCALE_BYTES), dtype=torch.uint8, device=x.device)
@@ -277,6 +279,10 @@ def _paged_plan(*args):
     return geom, config, kernel(scores_factory(), *static)
 
 
+_PAGED_PLANS = Plans(_paged_plan)
+_PAGED_OUT_PLANS = Plans(_paged_plan)
+
+
 def _paged_launch(logits, geom, config, fn, q_codes, q_scales, weights, index_cache, block_tables, klen,
                   candidate_blocks, candidate_block_size, clean):
     if debug_checks_enabled():
@@ -292,7 +298,7 @@ def _paged_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, index_cache:
                 candidate_block_size: int | None = None, clean: bool = False) -> Tensor:
     args = (q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
             candidate_block_size, clean)
-    geom, config, fn = plan(_PLANS, _paged_plan, args)
+    geom, config, fn = _PAGED_PLANS(args)
     logits = torch.empty((geom.b, geom.n, max_klen), dtype=torch.float32, device=q_codes.device)
     _paged_launch(logits, geom, config, fn, *args[:6], *args[7:])
     return logits
@@ -304,7 +310,7 @@ def _paged_out_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, index_ca
                     clean: bool = False) -> None:
     args = (q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
             candidate_block_size, clean, out)
-    geom, config, fn = plan(_PLANS, _paged_plan, args)
+    geom, config, fn = _PAGED_OUT_PLANS(args)
     _paged_launch(out, geom, config, fn, *args[:6], *args[7:10])
 
 
@@ -342,6 +348,10 @@ def _ragged_plan(*args):
     return geom, config, kernel(scores_factory(), *static)
 
 
+_RAGGED_PLANS = Plans(_ragged_plan)
+_RAGGED_OUT_PLANS = Plans(_ragged_plan)
+
+
 def _ragged_launch(logits, geom, config, fn, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean):
     if debug_checks_enabled():
         check_ragged_values(ks, ke, geom)
@@ -358,7 +368,7 @@ def _ragged_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, k_codes: Te
                  k_scales: Tensor, ks: Tensor, ke: Tensor, max_width: int,
                  clean: bool = False) -> Tensor:
     args = (q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean)
-    geom, config, fn = plan(_PLANS, _ragged_plan, args)
+    geom, config, fn = _RAGGED_PLANS(args)
     logits = torch.empty((geom.t, max_width), dtype=torch.float32, device=q_codes.device)
     _ragged_launch(logits, geom, config, fn, *args[:7], clean)
     return logits
@@ -367,7 +377,7 @@ def _ragged_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, k_codes: Te
 def _ragged_out_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, k_codes: Tensor, k_scales: Tensor,
                      ks: Tensor, ke: Tensor, max_width: int, out: Tensor, clean: bool = False) -> None:
     args = (q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean, out)
-    geom, config, fn = plan(_PLANS, _ragged_plan, args)
+    geom, config, fn = _RAGGED_OUT_PLANS(args)
     _ragged_launch(out, geom, config, fn, *args[:7], clean)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from metadata.checks import check_aligned, check_cuda, debug_checks_enabled
 from metadata.kv_store_args import check_store_args, check_store_values
-from tilelang_ops._library import call_op, dummy, plan, register_op
+from tilelang_ops._library import Plans, call_op, dummy, register_op
 from tilelang_ops._library import kernel as compiled  # (the package's own `kernel` is its kernel module)
 from tilelang_ops.kv_store.config import (
     DEFAULT_CONFIGS,
@@ -138,7 +138,7 @@ def _store_launch(plan_, kv, norm_weight, eps, cos, sin, positions, slot_mapping
        slot_mapping.contiguous(), kv_cache.view(-1), norm, float(eps), geom.num_slots)
 
 
-_PLANS: dict[tuple, tuple] = {}
+_PLANS = Plans(_store_plan)
 
 
 def _store_impl(kv: Tensor, norm_weight: Tensor, eps: float, cos: Tensor, sin: Tensor, positions: Tensor,
@@ -146,7 +146,7 @@ def _store_impl(kv: Tensor, norm_weight: Tensor, eps: float, cos: Tensor, sin: T
                 interleaved: bool = True, hadamard: bool = False, out_norm: Tensor | None = None) -> None:
     args = (kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, cache_format(fmt), rope_dim,
             interleaved, hadamard, out_norm)
-    _store_launch(plan(_PLANS, _store_plan, args), kv, norm_weight, eps, cos, sin, positions, slot_mapping,
+    _store_launch(_PLANS(args), kv, norm_weight, eps, cos, sin, positions, slot_mapping,
                   kv_cache, out_norm)
 
 

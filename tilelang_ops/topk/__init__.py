@@ -19,7 +19,7 @@ import torch
 
 from metadata.checks import check_cuda, debug_checks_enabled
 from metadata.topk_args import check_end_values, check_topk_args, check_topk_to_slots_args
-from tilelang_ops._library import call_op, dummy, kernel, plan, register_op
+from tilelang_ops._library import Plans, call_op, dummy, kernel, register_op
 from tilelang_ops.topk._host import TORCH_TO_TL, check_unit_columns, flat_scores
 from tilelang_ops.topk.elementwise import (
     block_max_kernel,
@@ -116,7 +116,7 @@ def _topk_launch(plan_, scores, k, end, sorted, indices_type, output_idx_offset)
     return values, indices
 
 
-_PLANS: dict[tuple, tuple] = {}
+_TOPK_PLANS = Plans(_topk_plan)
 
 
 def _topk_impl(scores: Tensor, k: int, end: Tensor | None, sorted: bool, sorted_index: bool,
@@ -125,7 +125,7 @@ def _topk_impl(scores: Tensor, k: int, end: Tensor | None, sorted: bool, sorted_
     # no schema defaults: the schema parser takes no -inf (the Python API ``topk`` has them)
     args = (scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill_value, value_oob_fill_value,
             output_idx_offset, return_value)
-    return _topk_launch(plan(_PLANS, _topk_plan, args), scores, k, end, sorted, indices_type,
+    return _topk_launch(_TOPK_PLANS(args), scores, k, end, sorted, indices_type,
                         output_idx_offset)
 
 
@@ -209,10 +209,13 @@ def _slots_launch(plan_, scores, k, block_size_c, block_tables, end, candidate_b
     return slots
 
 
+_SLOTS_PLANS = Plans(_slots_plan)
+
+
 def _slots_impl(scores: Tensor, k: int, block_size_c: int, block_tables: Tensor, end: Tensor | None = None,
                 candidate_blocks: Tensor | None = None, candidate_block_size: int | None = None) -> Tensor:
     args = (scores, k, block_size_c, block_tables, end, candidate_blocks, candidate_block_size)
-    return _slots_launch(plan(_PLANS, _slots_plan, args), *args)
+    return _slots_launch(_SLOTS_PLANS(args), *args)
 
 
 def _slots_fake(scores, k, block_size_c, block_tables, end=None, candidate_blocks=None,

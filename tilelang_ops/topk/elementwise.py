@@ -13,12 +13,11 @@ from metadata.topk_args import (
     check_restore_args,
     check_restore_values,
 )
-from tilelang_ops._library import call_op, dummy, kernel, plan, register_op
+from tilelang_ops._library import Plans, call_op, dummy, kernel, register_op
 from tilelang_ops.topk._host import TORCH_TO_TL, check_unit_columns, flat_scores
 
 ELEM_THREADS = 256
 Tensor = torch.Tensor
-_PLANS: dict[tuple, object] = {}
 
 
 @tilelang.jit
@@ -84,8 +83,11 @@ def _block_max_plan(scores, block_size, end):
     return b, n, nblk, kernel(block_max_kernel, block_size, TORCH_TO_TL[scores.dtype]) if b and nblk else None
 
 
+_BLOCK_MAX_PLANS = Plans(_block_max_plan)
+
+
 def _block_max_impl(scores: Tensor, block_size: int, end: Tensor | None = None) -> Tensor:
-    b, n, nblk, fn = plan(_PLANS, _block_max_plan, (scores, block_size, end))
+    b, n, nblk, fn = _BLOCK_MAX_PLANS((scores, block_size, end))
     if debug_checks_enabled():
         check_end_values(end, n)
     out = torch.empty((b, nblk), dtype=scores.dtype, device=scores.device)
@@ -153,8 +155,11 @@ def _restore_plan(index, candidate_blocks, block_size):
     return kernel(restore_kernel, block_size) if b and k else None
 
 
+_RESTORE_PLANS = Plans(_restore_plan)
+
+
 def _restore_impl(index: Tensor, candidate_blocks: Tensor, block_size: int) -> None:
-    fn = plan(_PLANS, _restore_plan, (index, candidate_blocks, block_size))
+    fn = _RESTORE_PLANS((index, candidate_blocks, block_size))
     if debug_checks_enabled():
         check_restore_values(index, candidate_blocks, block_size)
     if fn is not None:
@@ -215,8 +220,11 @@ def _convert_plan(index, block_size_c, valid_lens, block_tables):
     return kernel(convert_kernel, block_size_c) if b and L and k else None
 
 
+_CONVERT_PLANS = Plans(_convert_plan)
+
+
 def _convert_impl(index: Tensor, block_size_c: int, valid_lens: Tensor, block_tables: Tensor) -> None:
-    fn = plan(_PLANS, _convert_plan, (index, block_size_c, valid_lens, block_tables))
+    fn = _CONVERT_PLANS((index, block_size_c, valid_lens, block_tables))
     if debug_checks_enabled():
         check_convert_values(index, block_size_c, valid_lens, block_tables)
     if fn is not None:
