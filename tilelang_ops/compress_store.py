@@ -605,17 +605,26 @@ def _decode_check(projected_kv, state_cache, context_lens, state_block_idx, max_
                              out_norm, norm_weight, positions, slot_mapping)
 
 
+def _no_norm(projected_kv):
+    """The out_norm placeholder of a call without one."""
+    return dummy(projected_kv.device, torch.bfloat16, (1, VEC * WARP))
+
+
 def _prefill_plan(*args, config=None):
+    """(dimensions, compiled kernel, search steps, out_norm placeholder) of a call's static key."""
     dims, static = _prefill_check(*args, config=config)
     if dims.store.rows == 0:
-        return dims, None, 0
+        return dims, None, 0, None
     fn = kernel(compress_store_prefill_kernel, *static, config or prefill_config(dims.store.rows))
-    return dims, fn, _search_steps(dims.compress.num_reqs)
+    return dims, fn, _search_steps(dims.compress.num_reqs), _no_norm(args[0])
 
 
 def _decode_plan(*args):
+    """(dimensions, compiled kernel, out_norm placeholder) of a call's static key."""
     dims, static = _decode_check(*args)
-    return dims, (kernel(compress_store_decode_kernel, *static) if dims.store.rows else None)
+    if dims.store.rows == 0:
+        return dims, None, None
+    return dims, kernel(compress_store_decode_kernel, *static), _no_norm(args[0])
 
 
 _PREFILL_PLANS = Plans(_prefill_plan)
@@ -625,33 +634,32 @@ _DECODE_PLANS = Plans(_decode_plan)
 def _prefill_launch(plan_, projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
                     cu_compressed, compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping,
                     kv_cache, fmt, out_norm, num_rows, rope_dim, interleaved):
-    dims, fn, search_steps = plan_
+    dims, fn, search_steps, no_norm = plan_
     if debug_checks_enabled():
         check_compress_store_prefill_values(projected_kv, state_cache, cu_seqlens_q, context_lens,
                                             state_block_idx, cu_compressed, compress_ratio, positions,
                                             slot_mapping, dims)
     if fn is None:
         return
-    norm = out_norm if out_norm is not None else dummy(projected_kv.device, torch.bfloat16, (1, VEC * WARP))
     fn(projected_kv.contiguous(), state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(),
        state_block_idx.contiguous(), cu_compressed.contiguous(), norm_weight.contiguous(), cos.contiguous(),
-       sin.contiguous(), positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1), norm,
-       float(eps), search_steps)
+       sin.contiguous(), positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1),
+       out_norm if out_norm is not None else no_norm, float(eps), search_steps)
 
 
 def _decode_launch(plan_, projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
                    compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
                    out_norm, rope_dim, interleaved):
-    dims, fn = plan_
+    dims, fn, no_norm = plan_
     if debug_checks_enabled():
         check_compress_store_decode_values(projected_kv, state_cache, context_lens, state_block_idx,
                                            max_seqlen_q, positions, slot_mapping, dims)
     if fn is None:
         return
-    norm = out_norm if out_norm is not None else dummy(projected_kv.device, torch.bfloat16, (1, VEC * WARP))
     fn(projected_kv.contiguous(), state_cache, context_lens.contiguous(), state_block_idx.contiguous(),
        norm_weight.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous(),
-       slot_mapping.contiguous(), kv_cache.view(-1), norm, float(eps))
+       slot_mapping.contiguous(), kv_cache.view(-1), out_norm if out_norm is not None else no_norm,
+       float(eps))
 
 
 def _prefill_impl(projected_kv: Tensor, state_cache: Tensor, cu_seqlens_q: Tensor, context_lens: Tensor,

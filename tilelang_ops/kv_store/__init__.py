@@ -112,30 +112,30 @@ def _store_check(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cac
 
 def _store_plan(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, rope_dim, interleaved,
                 hadamard, out_norm, config=None):
-    """(geometry, compiled kernel or None for an empty call) of a call's static key."""
+    """(geometry, compiled kernel or None for an empty call, out_norm placeholder) of a call's static key."""
     geom = _store_check(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, rope_dim,
                         interleaved, hadamard, out_norm, config)
     if geom.rows == 0:
-        return geom, None
+        return geom, None, None
     static = static_args(fmt, rope_dim, interleaved, hadamard, out_norm is not None, geom.rows_per_block,
                          _TORCH_TO_TL[norm_weight.dtype], _TORCH_TO_TL[positions.dtype],
                          _TORCH_TO_TL[slot_mapping.dtype],
                          config or launch_config(fmt, geom.rows, rope_dim, interleaved))
-    return geom, compiled(kv_store_kernel, *static)
+    return geom, compiled(kv_store_kernel, *static), dummy(kv.device, torch.bfloat16, (1, geom.dim))
 
 
 def _store_launch(plan_, kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, out_norm):
-    geom, fn = plan_
+    geom, fn, no_norm = plan_
     if debug_checks_enabled():
         check_store_values(positions, slot_mapping, geom)
     if fn is None:
         return
-    norm = out_norm if out_norm is not None else dummy(kv.device, torch.bfloat16, (1, geom.dim))
     kv = kv.contiguous()
     if kv.data_ptr() % 16:
         kv = kv.clone()
     fn(kv, norm_weight.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous(),
-       slot_mapping.contiguous(), kv_cache.view(-1), norm, float(eps), geom.num_slots)
+       slot_mapping.contiguous(), kv_cache.view(-1), out_norm if out_norm is not None else no_norm,
+       float(eps), geom.num_slots)
 
 
 _PLANS = Plans(_store_plan)

@@ -79,23 +79,28 @@ def _topk_check(scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill
 
 def _topk_plan(scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill_value, value_oob_fill_value,
                output_idx_offset, return_value, config=None):
-    """(b, n, need_values, compiled kernel) of a topk call's static key, after its host checks."""
+    """(b, n, need_values, compiled kernel, placeholders) of a topk call's static key, after its host
+    checks; the placeholders stand in for the absent optional tensors (end, offset, candidate blocks and
+    block table, values)."""
     b, n = _topk_check(scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill_value,
                        value_oob_fill_value, output_idx_offset, return_value)
     need_values = return_value or sorted
     if b == 0:
-        return b, n, need_values, None
+        return b, n, need_values, None, None
     off_dtype = output_idx_offset.dtype if output_idx_offset is not None else torch.int32
     config = config or default_config(b, n, scores.element_size(), scores.device)
     static = (TORCH_TO_TL[scores.dtype], TORCH_TO_TL[indices_type], TORCH_TO_TL[off_dtype], need_values,
               output_idx_offset is not None, int(idx_oob_fill_value), float(value_oob_fill_value), "topk", 0,
               1)
     factory, static = kernel_for(static, n, config)
-    return b, n, need_values, kernel(factory, *static)
+    dev = scores.device
+    placeholders = (dummy(dev, torch.int32), dummy(dev, off_dtype), dummy(dev, torch.int32, (b, 1)),
+                    dummy(dev, scores.dtype, (1, 1)))
+    return b, n, need_values, kernel(factory, *static), placeholders
 
 
 def _topk_launch(plan_, scores, k, end, sorted, indices_type, output_idx_offset):
-    b, n, need_values, fn = plan_
+    b, n, need_values, fn, placeholders = plan_
     dev = scores.device
     if debug_checks_enabled():
         check_end_values(end, n)
@@ -103,14 +108,12 @@ def _topk_launch(plan_, scores, k, end, sorted, indices_type, output_idx_offset)
     indices = torch.empty((b, k), dtype=indices_type, device=dev)
     if b == 0:
         return values, indices
-    end = end.contiguous() if end is not None else None  # the kernel reads them with unit stride
-    off = output_idx_offset.contiguous() if output_idx_offset is not None else None
-    off_dtype = off.dtype if off is not None else torch.int32
+    no_end, no_off, no_blocks, no_values = placeholders
     flat, ld = flat_scores(scores)
-    fn(flat, end if end is not None else dummy(dev, torch.int32),
-       off if off is not None else dummy(dev, off_dtype), dummy(dev, torch.int32, (b, 1)),
-       dummy(dev, torch.int32, (b, 1)),
-       values if need_values else dummy(dev, scores.dtype, (1, 1)), indices, n, ld, int(end is not None))
+    # end and offset: the kernel reads them with unit stride
+    fn(flat, end.contiguous() if end is not None else no_end,
+       output_idx_offset.contiguous() if output_idx_offset is not None else no_off, no_blocks, no_blocks,
+       values if need_values else no_values, indices, n, ld, int(end is not None))
     if sorted:
         values, indices = _sort_by_value(values, indices, end, n, k)
     return values, indices
@@ -180,16 +183,20 @@ def _slots_plan(scores, k, block_size_c, block_tables, end, candidate_blocks, ca
                 config=None):
     b, n = _slots_check(scores, k, block_size_c, block_tables, end, candidate_blocks, candidate_block_size)
     if b == 0:
-        return b, n, None
+        return b, n, None, None
     config = config or default_config(b, n, scores.element_size(), scores.device)
     static = (TORCH_TO_TL[scores.dtype], "int32", "int32", False, False, -1, float("-inf"), "slots",
               candidate_block_size or 0, block_size_c)
     factory, static = kernel_for(static, n, config)
-    return b, n, kernel(factory, *static)
+    dev = scores.device
+    # placeholders of the absent tensors: end (and the offset slots mode never has), candidate blocks, values
+    placeholders = (dummy(dev, torch.int32), dummy(dev, torch.int32, (b, 1)),
+                    dummy(dev, scores.dtype, (1, 1)))
+    return b, n, kernel(factory, *static), placeholders
 
 
 def _slots_launch(plan_, scores, k, block_size_c, block_tables, end, candidate_blocks, candidate_block_size):
-    b, n, fn = plan_
+    b, n, fn, placeholders = plan_
     if debug_checks_enabled():
         from reference.topk import topk_to_slots_ref
 
@@ -201,11 +208,11 @@ def _slots_launch(plan_, scores, k, block_size_c, block_tables, end, candidate_b
     slots = torch.empty((b, k), dtype=torch.int32, device=dev)
     if b == 0:
         return slots
-    end = end.contiguous() if end is not None else None
+    no_end, no_blocks, no_values = placeholders
     flat, ld = flat_scores(scores)
-    cand = candidate_blocks if candidate_blocks is not None else dummy(dev, torch.int32, (b, 1))
-    fn(flat, end if end is not None else dummy(dev, torch.int32), dummy(dev, torch.int32), cand, block_tables,
-       dummy(dev, scores.dtype, (1, 1)), slots, n, ld, int(end is not None))
+    fn(flat, end.contiguous() if end is not None else no_end, no_end,
+       candidate_blocks if candidate_blocks is not None else no_blocks, block_tables, no_values, slots, n, ld,
+       int(end is not None))
     return slots
 
 
