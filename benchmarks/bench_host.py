@@ -21,11 +21,11 @@ B = 64  # decode batch
 def wall_us(fn, calls: int = CALLS) -> float:
     """Wall microseconds per call of ``calls`` back-to-back calls (the host work, once it outlasts the
     device's)."""
-    for _ in range(50):
+    for _ in range(500):
         fn()
     torch.cuda.synchronize()
     best = float("inf")
-    for _ in range(3):
+    for _ in range(5):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()

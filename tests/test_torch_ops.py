@@ -264,8 +264,12 @@ def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
             with Target(SM90_TARGET):
                 params[key] = len(factory.get_tir(*static).params)
 
+        name = getattr(getattr(getattr(factory, "func", None), "orig_func", None), "__name__", "kernel")
+
         def launch(*args):
-            assert len(args) == params[key], f"{factory}{static}: {len(args)} arguments, {params[key]} params"
+            assert len(args) == params[key], f"{name}{static}: {len(args)} arguments, {params[key]} params"
+            strided = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and not a.is_contiguous()]
+            assert not strided, f"{name}{static}: arguments {strided} are not contiguous"
         return launch
 
     props = types.SimpleNamespace(multi_processor_count=132, L2_cache_size=50 << 20, total_memory=80 << 30)
@@ -280,16 +284,42 @@ def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
                 monkeypatch.setattr(module, attr, bound)
     monkeypatch.setattr(sys.modules["tilelang_ops.topk.launch"], "device_props", lambda device: props)
     _library.forget_plans()
+    strided = 0
     try:
         for case in CASES:
             case.call("cpu").fresh()(case.fn)
             _check_impl_outputs_match_the_fake(case)
+            strided += _launch_with_strided_inputs(case)
         step, tensors = _step("cpu")
         step(*tensors)
         _launch_with_configs()
     finally:
         _library.forget_plans()  # the plans hold the stand-in launches
     assert len(params) >= len({c.op for c in CASES}) - 2, params
+    assert strided >= 10, f"only {strided} calls with a strided input reached a launch"
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values in a non-contiguous tensor (every other element of a buffer twice as long)."""
+    out = torch.empty(*t.shape, 2, dtype=t.dtype)[..., 0]
+    return out.copy_(t)
+
+
+def _launch_with_strided_inputs(case) -> int:
+    """The case once per tensor argument, that argument strided (after the contiguous call made its plan):
+    where the host checks take it, the launch still gets contiguous tensors (the stand-in launch asserts
+    it). Returns how many such calls reached their launch."""
+    reached = 0
+    call = case.call("cpu")
+    for name, value in {**call.args, **call.kwargs}.items():
+        if not isinstance(value, torch.Tensor) or value.numel() < 2 or name in call.writes:
+            continue
+        try:
+            call.fresh().with_(**{name: _strided(value)})(case.fn)
+        except (ValueError, TypeError):
+            continue  # the host checks ask for this argument contiguous
+        reached += 1
+    return reached
 
 
 def test_cpu_tensors_get_the_named_device_error():

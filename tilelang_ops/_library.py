@@ -226,6 +226,12 @@ def call_op(op, check: Callable, *args):
         raise
 
 
+def dense(*args) -> bool:
+    """Whether every tensor among ``args`` is contiguous. A property of the static key, so a plan holds it
+    and a launch copies its inputs (``contiguous()``) only when it is False."""
+    return all(t.is_contiguous() for t in args if isinstance(t, _Tensor))
+
+
 _DUMMIES: dict[tuple, torch.Tensor] = {}
 
 

@@ -29,7 +29,7 @@ from metadata.compress_args import (
     dispatch_compress,
 )
 from metadata.gather_rows_args import c1_reverse_index
-from tilelang_ops._library import Plans, call_op, kernel, register_op
+from tilelang_ops._library import Plans, call_op, dense, kernel, register_op
 from tilelang_ops.gather_rows import gather_rows
 
 THREADS = 128
@@ -353,13 +353,15 @@ def _check_decode(projected_kv, state_cache, context_lens, state_block_idx, max_
 
 
 def _prefill_plan(*args):
+    """(dimensions, compiled kernel, whether the read tensors are contiguous) of a call's static key."""
     dims = _check_prefill(*args)
-    return dims, kernel(compress_prefill_kernel, dims.dim, args[6])
+    return dims, kernel(compress_prefill_kernel, dims.dim, args[6]), dense(*args)
 
 
 def _decode_plan(*args):
+    """(dimensions, compiled kernel, whether the read tensors are contiguous) of a call's static key."""
     dims = _check_decode(*args)
-    return dims, kernel(compress_decode_kernel, dims.dim, args[5])
+    return dims, kernel(compress_decode_kernel, dims.dim, args[5]), dense(*args)
 
 
 _PREFILL_PLANS = Plans(_prefill_plan)
@@ -371,15 +373,18 @@ def _prefill_impl(projected_kv: torch.Tensor, state_cache: torch.Tensor, cu_seql
                   compress_ratio: int, num_rows: int | None = None) -> torch.Tensor:
     args = (projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed,
             compress_ratio, num_rows)
-    dims, fn = _PREFILL_PLANS(args)
+    dims, fn, contiguous = _PREFILL_PLANS(args)
     if debug_checks_enabled():
         num_rows = check_prefill_values(*args)
     if num_rows is None:
         num_rows = int(cu_compressed[-1])  # one device sync; pass num_rows to avoid it
     kv = torch.empty(num_rows, dims.dim, dtype=torch.bfloat16, device=projected_kv.device)
     if num_rows:
-        fn(projected_kv.contiguous(), state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(),
-           state_block_idx.contiguous(), cu_compressed.contiguous(), kv)
+        if not contiguous:
+            projected_kv, cu_seqlens_q, context_lens, state_block_idx, cu_compressed = (
+                t.contiguous() for t in (projected_kv, cu_seqlens_q, context_lens, state_block_idx,
+                                         cu_compressed))
+        fn(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed, kv)
     return kv
 
 
@@ -395,13 +400,15 @@ def _prefill_fake(projected_kv, state_cache, cu_seqlens_q, context_lens, state_b
 def _decode_impl(projected_kv: torch.Tensor, state_cache: torch.Tensor, context_lens: torch.Tensor,
                  state_block_idx: torch.Tensor, max_seqlen_q: int, compress_ratio: int) -> torch.Tensor:
     args = (projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q, compress_ratio)
-    dims, fn = _DECODE_PLANS(args)
+    dims, fn, contiguous = _DECODE_PLANS(args)
     if debug_checks_enabled():
         check_decode_values(*args[:5])
     kv = torch.empty(dims.num_tokens, dims.dim, dtype=torch.bfloat16, device=projected_kv.device)
     if dims.num_tokens:
-        fn(projected_kv.contiguous(), state_cache, context_lens.contiguous(), state_block_idx.contiguous(),
-           kv)
+        if not contiguous:
+            projected_kv, context_lens, state_block_idx = (
+                t.contiguous() for t in (projected_kv, context_lens, state_block_idx))
+        fn(projected_kv, state_cache, context_lens, state_block_idx, kv)
     return kv
 
 

@@ -54,7 +54,7 @@ from metadata.compress_store_args import (
     check_compress_store_prefill_args,
     check_compress_store_prefill_values,
 )
-from tilelang_ops._library import Plans, dummy, kernel, register_op
+from tilelang_ops._library import Plans, dense, dummy, kernel, register_op
 from tilelang_ops.kv_store import (
     _TORCH_TO_TL,
     VEC,
@@ -611,20 +611,22 @@ def _no_norm(projected_kv):
 
 
 def _prefill_plan(*args, config=None):
-    """(dimensions, compiled kernel, search steps, out_norm placeholder) of a call's static key."""
+    """(dimensions, compiled kernel, search steps, out_norm placeholder, whether the read tensors are
+    contiguous) of a call's static key."""
     dims, static = _prefill_check(*args, config=config)
     if dims.store.rows == 0:
-        return dims, None, 0, None
+        return dims, None, 0, None, True
     fn = kernel(compress_store_prefill_kernel, *static, config or prefill_config(dims.store.rows))
-    return dims, fn, _search_steps(dims.compress.num_reqs), _no_norm(args[0])
+    return dims, fn, _search_steps(dims.compress.num_reqs), _no_norm(args[0]), dense(*args)
 
 
 def _decode_plan(*args):
-    """(dimensions, compiled kernel, out_norm placeholder) of a call's static key."""
+    """(dimensions, compiled kernel, out_norm placeholder, whether the read tensors are contiguous) of a
+    call's static key."""
     dims, static = _decode_check(*args)
     if dims.store.rows == 0:
-        return dims, None, None
-    return dims, kernel(compress_store_decode_kernel, *static), _no_norm(args[0])
+        return dims, None, None, True
+    return dims, kernel(compress_store_decode_kernel, *static), _no_norm(args[0]), dense(*args)
 
 
 _PREFILL_PLANS = Plans(_prefill_plan)
@@ -634,32 +636,38 @@ _DECODE_PLANS = Plans(_decode_plan)
 def _prefill_launch(plan_, projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx,
                     cu_compressed, compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping,
                     kv_cache, fmt, out_norm, num_rows, rope_dim, interleaved):
-    dims, fn, search_steps, no_norm = plan_
+    dims, fn, search_steps, no_norm, contiguous = plan_
     if debug_checks_enabled():
         check_compress_store_prefill_values(projected_kv, state_cache, cu_seqlens_q, context_lens,
                                             state_block_idx, cu_compressed, compress_ratio, positions,
                                             slot_mapping, dims)
     if fn is None:
         return
-    fn(projected_kv.contiguous(), state_cache, cu_seqlens_q.contiguous(), context_lens.contiguous(),
-       state_block_idx.contiguous(), cu_compressed.contiguous(), norm_weight.contiguous(), cos.contiguous(),
-       sin.contiguous(), positions.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1),
-       out_norm if out_norm is not None else no_norm, float(eps), search_steps)
+    if not contiguous:
+        (projected_kv, cu_seqlens_q, context_lens, state_block_idx, cu_compressed, norm_weight, cos, sin,
+         positions, slot_mapping) = (t.contiguous() for t in (
+            projected_kv, cu_seqlens_q, context_lens, state_block_idx, cu_compressed, norm_weight, cos, sin,
+            positions, slot_mapping))
+    fn(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed, norm_weight,
+       cos, sin, positions, slot_mapping, kv_cache.view(-1), out_norm if out_norm is not None else no_norm,
+       float(eps), search_steps)
 
 
 def _decode_launch(plan_, projected_kv, state_cache, context_lens, state_block_idx, max_seqlen_q,
                    compress_ratio, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt,
                    out_norm, rope_dim, interleaved):
-    dims, fn, no_norm = plan_
+    dims, fn, no_norm, contiguous = plan_
     if debug_checks_enabled():
         check_compress_store_decode_values(projected_kv, state_cache, context_lens, state_block_idx,
                                            max_seqlen_q, positions, slot_mapping, dims)
     if fn is None:
         return
-    fn(projected_kv.contiguous(), state_cache, context_lens.contiguous(), state_block_idx.contiguous(),
-       norm_weight.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous(),
-       slot_mapping.contiguous(), kv_cache.view(-1), out_norm if out_norm is not None else no_norm,
-       float(eps))
+    if not contiguous:
+        projected_kv, context_lens, state_block_idx, norm_weight, cos, sin, positions, slot_mapping = (
+            t.contiguous() for t in (projected_kv, context_lens, state_block_idx, norm_weight, cos, sin,
+                                     positions, slot_mapping))
+    fn(projected_kv, state_cache, context_lens, state_block_idx, norm_weight, cos, sin, positions,
+       slot_mapping, kv_cache.view(-1), out_norm if out_norm is not None else no_norm, float(eps))
 
 
 def _prefill_impl(projected_kv: Tensor, state_cache: Tensor, cu_seqlens_q: Tensor, context_lens: Tensor,

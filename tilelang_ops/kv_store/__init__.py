@@ -10,7 +10,7 @@ import torch
 
 from metadata.checks import check_aligned, check_cuda, debug_checks_enabled
 from metadata.kv_store_args import check_store_args, check_store_values
-from tilelang_ops._library import Plans, call_op, dummy, register_op
+from tilelang_ops._library import Plans, call_op, dense, dummy, register_op
 from tilelang_ops._library import kernel as compiled  # (the package's own `kernel` is its kernel module)
 from tilelang_ops.kv_store.config import (
     DEFAULT_CONFIGS,
@@ -112,30 +112,33 @@ def _store_check(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cac
 
 def _store_plan(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, rope_dim, interleaved,
                 hadamard, out_norm, config=None):
-    """(geometry, compiled kernel or None for an empty call, out_norm placeholder) of a call's static key."""
+    """(geometry, compiled kernel or None for an empty call, out_norm placeholder, whether the read
+    tensors are contiguous) of a call's static key."""
     geom = _store_check(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, fmt, rope_dim,
                         interleaved, hadamard, out_norm, config)
     if geom.rows == 0:
-        return geom, None, None
+        return geom, None, None, True
     static = static_args(fmt, rope_dim, interleaved, hadamard, out_norm is not None, geom.rows_per_block,
                          _TORCH_TO_TL[norm_weight.dtype], _TORCH_TO_TL[positions.dtype],
                          _TORCH_TO_TL[slot_mapping.dtype],
                          config or launch_config(fmt, geom.rows, rope_dim, interleaved))
-    return geom, compiled(kv_store_kernel, *static), dummy(kv.device, torch.bfloat16, (1, geom.dim))
+    return (geom, compiled(kv_store_kernel, *static), dummy(kv.device, torch.bfloat16, (1, geom.dim)),
+            dense(kv, norm_weight, cos, sin, positions, slot_mapping))
 
 
 def _store_launch(plan_, kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, out_norm):
-    geom, fn, no_norm = plan_
+    geom, fn, no_norm, contiguous = plan_
     if debug_checks_enabled():
         check_store_values(positions, slot_mapping, geom)
     if fn is None:
         return
-    kv = kv.contiguous()
+    if not contiguous:
+        kv, norm_weight, cos, sin, positions, slot_mapping = (
+            t.contiguous() for t in (kv, norm_weight, cos, sin, positions, slot_mapping))
     if kv.data_ptr() % 16:
         kv = kv.clone()
-    fn(kv, norm_weight.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous(),
-       slot_mapping.contiguous(), kv_cache.view(-1), out_norm if out_norm is not None else no_norm,
-       float(eps), geom.num_slots)
+    fn(kv, norm_weight, cos, sin, positions, slot_mapping, kv_cache.view(-1),
+       out_norm if out_norm is not None else no_norm, float(eps), geom.num_slots)
 
 
 _PLANS = Plans(_store_plan)

@@ -221,18 +221,16 @@ def gather_index_rows(index_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
     block_tables[b, j // BC]."""
     fmt = FP4_INDEX_KV_FORMAT
     dev = index_cache.device
-    nrows = torch.as_tensor([int(s) // RATIO for s in meta.seqlens_k], dtype=torch.long, device=dev)
-    req = torch.repeat_interleave(torch.arange(len(nrows), device=dev), nrows)
-    starts = torch.cumsum(nrows, 0) - nrows
-    j = torch.arange(req.numel(), device=dev) - starts[req]
-    blk = meta.block_tables.to(dev).long()[req, j // BC]
-    pos = j % BC
-    base = blk * index_cache.shape[1]
-    flat = index_cache.reshape(-1)
-    d = base[:, None] + pos[:, None] * fmt.data_bytes + torch.arange(fmt.data_bytes, device=dev)
-    c = base[:, None] + BC * fmt.data_bytes + pos[:, None] * fmt.scale_bytes + torch.arange(
-        fmt.scale_bytes, device=dev)
-    return flat[d], flat[c]
+    counts = [int(s) // RATIO for s in meta.seqlens_k]
+    nrows = torch.as_tensor(counts, dtype=torch.long, device=dev)
+    req = torch.repeat_interleave(torch.arange(len(counts), device=dev), nrows, output_size=sum(counts))
+    j = torch.arange(req.numel(), device=dev) - (torch.cumsum(nrows, 0) - nrows)[req]
+    blk, pos = meta.block_tables.to(dev).long()[req, j // BC], j % BC
+    # a block holds BC rows of codes, then BC rows of scales: one [blocks, BC, bytes] view of each
+    nb, codes_end = index_cache.shape[0], BC * fmt.data_bytes
+    codes = index_cache[:, :codes_end].view(nb, BC, fmt.data_bytes)
+    scales = index_cache[:, codes_end:codes_end + BC * fmt.scale_bytes].view(nb, BC, fmt.scale_bytes)
+    return codes[blk, pos], scales[blk, pos]
 
 
 def run_prefill(p: dict, ops, timer=None, index_cache=None) -> dict:
