@@ -230,7 +230,7 @@ def _check_impl_outputs_match_the_fake(case):
     call = case.call("cpu")
     kw = _schema_kwargs(case, call.fresh())
     args = [kw[a.name] if a.name in kw else a.default_value for a in op._schema.arguments]
-    got = _layout(_library._CALLS[op][0](*args))
+    got = _layout(_library._CALLS[op].impl(*args))
     with FakeTensorMode():
         fake = _layout(op(**_schema_kwargs(case, to_fake_cuda(call))))
     assert got == fake, f"{case.id}: implementation {got}, fake {fake}"
@@ -446,7 +446,7 @@ def reference_cpu_kernels():
     lib = torch.library.Library("tilelang_ops", "IMPL")
     with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "(?s).*Overriding a previously registered kernel")
-        mp.setattr(_library, "_plain_eager", lambda tensor_positions, args: False)
+        mp.setattr(_library, "_plain_untraced", lambda tensor_positions, args: False)
         _accept_cpu_tensors(mp)
         for name in sorted({c.op for c in CASES}):
             op = _op(name)

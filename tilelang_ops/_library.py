@@ -34,10 +34,22 @@ NAMESPACE = "tilelang_ops"
 # The Library object that holds the direct registrations must stay alive as long as the ops.
 _LIB = torch.library.Library(NAMESPACE, "DEF")
 OPS: dict[str, object] = {}
-# per op, what its Python API needs (``call_op``): the CUDA implementation (version bumps included), the
-# positions of its tensor arguments, and (position, Python type, optional) of its scalar arguments (the
-# dispatcher would take a 0-d tensor or a bool as an int, so the Python API checks the exact type first)
-_CALLS: dict[object, tuple[Callable, tuple[int, ...], tuple[tuple[int, type, bool], ...]]] = {}
+
+
+class _OpCall:
+    """What an op's Python API needs (``call_op``): the CUDA implementation (version bumps included), the
+    positions of its tensor arguments, (position, Python type, optional) of its scalar arguments (the
+    dispatcher would take a 0-d tensor or a bool as an int, so the Python API checks the exact type first),
+    the scalars of a call, and the tuples of scalar classes already checked."""
+
+    __slots__ = ("impl", "tensor_positions", "scalars", "scalars_of", "accepted")
+
+    def __init__(self, impl, tensor_positions, scalars, scalars_of, accepted):
+        self.impl, self.tensor_positions, self.scalars = impl, tensor_positions, scalars
+        self.scalars_of, self.accepted = scalars_of, accepted
+
+
+_CALLS: dict[object, _OpCall] = {}
 _SCALAR_TYPES = {"SymInt": int, "int": int, "bool": bool, "float": float, "str": str,
                  "ScalarType": torch.dtype}
 # the classes each kind accepts: an int where a float goes, and the symbolic values torch.compile passes
@@ -52,21 +64,34 @@ def mutated_positions(op) -> tuple[int, ...]:
                  if a.alias_info is not None and a.alias_info.is_write)
 
 
+def _picker(positions: tuple[int, ...]) -> Callable[[Sequence], tuple]:
+    """The items of a call's arguments at ``positions``, as a tuple (``itemgetter`` of one position
+    returns the bare item)."""
+    if len(positions) == 1:
+        i = positions[0]
+        return lambda args: (args[i],)
+    return itemgetter(*positions) if positions else (lambda args: ())
+
+
 def bump_versions(impl: Callable, indices: tuple[int, ...]) -> Callable:
     """``impl`` followed by what the skipped ADInplaceOrView kernel does: a version bump of each mutated
-    argument (inference tensors have no version counter), once the call has succeeded. The dispatcher
-    leaves out trailing arguments that have their default (``out_norm=None``), so a position may be
-    beyond the call's arguments."""
+    argument, once the call has succeeded. The dispatcher leaves out trailing arguments that have their
+    default (``out_norm=None``), so a position may be beyond the call's arguments."""
     if not indices:
         return impl
     bump = torch._C._increment_version
+    written_of, last = _picker(indices), max(indices)
 
     def run(*args):
         out = impl(*args)
         # one call with a list: given a bare tensor, _increment_version iterates its first dimension and
         # bumps the counter once per row
-        n = len(args)
-        bump([t for t in (args[i] for i in indices if i < n) if t is not None and not t.is_inference()])
+        written = written_of(args) if len(args) > last else [args[i] for i in indices if i < len(args)]
+        written = [t for t in written if t is not None]
+        try:
+            bump(written)
+        except RuntimeError:  # an inference tensor, which has no version counter (on some torch versions)
+            bump([t for t in written if not t.is_inference()])
         return out
 
     return run
@@ -89,9 +114,10 @@ def register_op(name: str, impl: Callable, fake: Callable, *, mutates_args: Sequ
     _LIB.impl(name, impl, "CPU")
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIB)
     OPS[name] = overload
-    _CALLS[overload] = (cuda_impl, tuple(i for i, p in enumerate(params) if p.startswith("Tensor")),
-                        tuple((i, _SCALAR_TYPES[p.split()[0].rstrip("?")], p.split()[0].endswith("?"))
-                              for i, p in enumerate(params) if not p.startswith("Tensor")))
+    scalars = tuple((i, _SCALAR_TYPES[p.split()[0].rstrip("?")], p.split()[0].endswith("?"))
+                    for i, p in enumerate(params) if not p.startswith("Tensor"))
+    _CALLS[overload] = _OpCall(cuda_impl, tuple(i for i, p in enumerate(params) if p.startswith("Tensor")),
+                               scalars, _picker(tuple(i for i, _, _ in scalars)), set())
     return overload
 
 
@@ -113,15 +139,6 @@ except ImportError:  # pragma: no cover - every supported torch has it
     _TensorGuards = None
 
 _data_ptr = _Tensor.data_ptr
-
-
-def _picker(positions: tuple[int, ...]) -> Callable[[Sequence], tuple]:
-    """The items of a call's arguments at ``positions``, as a tuple (``itemgetter`` of one position
-    returns the bare item)."""
-    if len(positions) == 1:
-        i = positions[0]
-        return lambda args: (args[i],)
-    return itemgetter(*positions) if positions else (lambda args: ())
 
 
 class Plans:
@@ -195,8 +212,12 @@ def forget_plans() -> None:
 def _plain_eager(tensor_positions: tuple[int, ...], args: tuple) -> bool:
     """Whether a call is plain eager: not traced by torch.compile, no dispatch or torch-function mode active,
     every tensor argument a plain ``torch.Tensor`` (no fake, functional or other subclass)."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() \
-            or torch._C._is_torch_function_mode_enabled():
+    return not torch.compiler.is_compiling() and _plain_untraced(tensor_positions, args)
+
+
+def _plain_untraced(tensor_positions: tuple[int, ...], args: tuple) -> bool:
+    """``_plain_eager`` of a call torch.compile does not trace."""
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
         return False
     for i in tensor_positions:
         a = args[i]
@@ -212,15 +233,22 @@ def call_op(op, check: Callable, *args):
     A plain eager call (``_plain_eager``) runs the op's CUDA implementation itself, which is what the
     dispatcher would call (the op has no derivative and no other kernel for CUDA tensors), without the
     dispatcher's boxing of every argument; traced, fake or mode-wrapped calls go through the op."""
-    impl, tensor_positions, scalars = _CALLS[op]
-    for i, kind, optional in scalars:
-        a = args[i]
-        t = a.__class__
-        if t not in _ACCEPTS[kind] and not (optional and a is None):
-            check(*args)
-            raise TypeError(f"{op}: argument {i} must be a Python {kind.__name__}, got {t.__name__}")
+    call = _CALLS[op]
+    traced = torch.compiler.is_compiling()
+    # the check depends on the classes alone, so an eager call skips it for classes that passed (torch.compile
+    # traces the loop: it does not trace an itemgetter)
+    classes = None if traced else tuple(map(type, call.scalars_of(args)))
+    if traced or classes not in call.accepted:
+        for i, kind, optional in call.scalars:
+            a = args[i]
+            t = a.__class__
+            if t not in _ACCEPTS[kind] and not (optional and a is None):
+                check(*args)
+                raise TypeError(f"{op}: argument {i} must be a Python {kind.__name__}, got {t.__name__}")
+        if not traced:
+            call.accepted.add(classes)
     try:
-        return impl(*args) if _plain_eager(tensor_positions, args) else op(*args)
+        return call.impl(*args) if not traced and _plain_untraced(call.tensor_positions, args) else op(*args)
     except (TypeError, RuntimeError):
         check(*args)
         raise
