@@ -446,7 +446,7 @@ def reference_cpu_kernels():
     lib = torch.library.Library("tilelang_ops", "IMPL")
     with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "(?s).*Overriding a previously registered kernel")
-        mp.setattr(_library, "_plain_untraced", lambda tensor_positions, args: False)
+        mp.setattr(_library, "_plain_untraced", lambda tensors: False)
         _accept_cpu_tensors(mp)
         for name in sorted({c.op for c in CASES}):
             op = _op(name)

@@ -38,15 +38,15 @@ OPS: dict[str, object] = {}
 
 class _OpCall:
     """What an op's Python API needs (``call_op``): the CUDA implementation (version bumps included), the
-    positions of its tensor arguments, (position, Python type, optional) of its scalar arguments (the
-    dispatcher would take a 0-d tensor or a bool as an int, so the Python API checks the exact type first),
-    the scalars of a call, and the tuples of scalar classes already checked."""
+    tensor arguments of a call, (position, Python type, optional) of its scalar arguments (the dispatcher
+    would take a 0-d tensor or a bool as an int, so the Python API checks the exact type first), the
+    scalars of a call, and the tuples of scalar classes already checked."""
 
-    __slots__ = ("impl", "tensor_positions", "scalars", "scalars_of", "accepted")
+    __slots__ = ("impl", "tensors_of", "scalars", "scalars_of", "accepted")
 
-    def __init__(self, impl, tensor_positions, scalars, scalars_of, accepted):
-        self.impl, self.tensor_positions, self.scalars = impl, tensor_positions, scalars
-        self.scalars_of, self.accepted = scalars_of, accepted
+    def __init__(self, impl, tensor_positions, scalars):
+        self.impl, self.tensors_of, self.scalars = impl, _picker(tensor_positions), scalars
+        self.scalars_of, self.accepted = _picker(tuple(i for i, _, _ in scalars)), set()
 
 
 _CALLS: dict[object, _OpCall] = {}
@@ -117,7 +117,7 @@ def register_op(name: str, impl: Callable, fake: Callable, *, mutates_args: Sequ
     scalars = tuple((i, _SCALAR_TYPES[p.split()[0].rstrip("?")], p.split()[0].endswith("?"))
                     for i, p in enumerate(params) if not p.startswith("Tensor"))
     _CALLS[overload] = _OpCall(cuda_impl, tuple(i for i, p in enumerate(params) if p.startswith("Tensor")),
-                               scalars, _picker(tuple(i for i, _, _ in scalars)), set())
+                               scalars)
     return overload
 
 
@@ -212,18 +212,17 @@ def forget_plans() -> None:
 def _plain_eager(tensor_positions: tuple[int, ...], args: tuple) -> bool:
     """Whether a call is plain eager: not traced by torch.compile, no dispatch or torch-function mode active,
     every tensor argument a plain ``torch.Tensor`` (no fake, functional or other subclass)."""
-    return not torch.compiler.is_compiling() and _plain_untraced(tensor_positions, args)
+    return not torch.compiler.is_compiling() and _plain_untraced([args[i] for i in tensor_positions])
 
 
-def _plain_untraced(tensor_positions: tuple[int, ...], args: tuple) -> bool:
-    """``_plain_eager`` of a call torch.compile does not trace."""
+_PLAIN = frozenset((torch.Tensor, type(None)))
+
+
+def _plain_untraced(tensors: Sequence) -> bool:
+    """``_plain_eager`` of a call torch.compile does not trace, given its tensor arguments."""
     if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
         return False
-    for i in tensor_positions:
-        a = args[i]
-        if a is not None and a.__class__ is not torch.Tensor:
-            return False
-    return True
+    return _PLAIN.issuperset(map(type, tensors))
 
 
 def call_op(op, check: Callable, *args):
@@ -248,7 +247,7 @@ def call_op(op, check: Callable, *args):
         if not traced:
             call.accepted.add(classes)
     try:
-        return call.impl(*args) if not traced and _plain_untraced(call.tensor_positions, args) else op(*args)
+        return call.impl(*args) if not traced and _plain_untraced(call.tensors_of(args)) else op(*args)
     except (TypeError, RuntimeError):
         check(*args)
         raise
