@@ -1,6 +1,8 @@
 """Host cost of an eager call at decode sizes (issue-33 table): wall time per call of back-to-back calls
 beside the device time of the same call replayed from a CUDA graph, and the ratio to a plain
-``torch.add`` on a [64, 8192] fp32 tensor (the floor of any eager torch op).
+``torch.add`` on a [64, 8192] fp32 tensor (the floor of any eager torch op). The floor of any TileLang
+op comes beside it: a kernel that does nothing, launched through its TVM-FFI executable with 1 and 10
+tensor arguments (``tilelang_launch_<n>args``).
 
     BENCH op=host case=<op>_<size> us=<eager wall per call> device_us=<graph replay> x_torch_add=<ratio>
 """
@@ -34,6 +36,38 @@ def wall_us(fn, calls: int = CALLS) -> float:
     return best
 
 
+def noop_kernel():
+    """The factory of a kernel that does nothing (one thread writes one element it read): ``nargs`` 1 or
+    10 tensor arguments of one fp32 element each."""
+    import tilelang
+    import tilelang.language as T
+
+    @tilelang.jit
+    def noop(nargs: int):
+        if nargs == 1:
+            @T.prim_func
+            def one(x0: T.Tensor((1,), "float32")):
+                with T.Kernel(1, threads=32):
+                    if T.get_thread_binding() == 0:
+                        x0[0] = x0[0]
+            return one
+
+        @T.prim_func
+        def ten(x0: T.Tensor((1,), "float32"), x1: T.Tensor((1,), "float32"), x2: T.Tensor((1,), "float32"),
+                x3: T.Tensor((1,), "float32"), x4: T.Tensor((1,), "float32"), x5: T.Tensor((1,), "float32"),
+                x6: T.Tensor((1,), "float32"), x7: T.Tensor((1,), "float32"), x8: T.Tensor((1,), "float32"),
+                x9: T.Tensor((1,), "float32")):
+            with T.Kernel(1, threads=32):
+                if T.get_thread_binding() == 0:
+                    x0[0] = x1[0] + x2[0] + x3[0] + x4[0] + x5[0] + x6[0] + x7[0] + x8[0] + x9[0]
+        return ten
+
+    return noop
+
+
+NOOP_ARGS = (1, 10)
+
+
 def _decode_meta():
     """Metadata of B single-token decode steps, each completing a compressed row (C2, 16-token blocks)."""
     seqs = [SeqMetadata(1, 16, [r], r) for r in range(B)]
@@ -49,6 +83,12 @@ def _cases():
     cases = {}
     a = torch.randn(64, 8192, device=dev)
     cases["torch_add_64x8192"] = lambda: torch.add(a, a)
+    from tilelang_ops._library import direct
+
+    noop = noop_kernel()
+    for nargs in NOOP_ARGS:
+        launch, ones = direct(noop(nargs)), [torch.zeros(1, device=dev) for _ in range(nargs)]
+        cases[f"tilelang_launch_{nargs}args"] = lambda launch=launch, ones=ones: launch(*ones)
 
     m = _decode_meta()
     x = torch.randn(B, 2 * d, device=dev, generator=g)

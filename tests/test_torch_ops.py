@@ -322,6 +322,18 @@ def _launch_with_strided_inputs(case) -> int:
     return reached
 
 
+def test_host_benchmark_noop_kernels_lower_for_sm90():
+    """The launch floor the host benchmark measures: its no-op kernels take 1 and 10 tensor arguments."""
+    from tvm.target import Target
+
+    from benchmarks.bench_host import NOOP_ARGS, noop_kernel
+    from tilelang_ops.build import SM90_TARGET
+
+    noop = noop_kernel()
+    with Target(SM90_TARGET):
+        assert [len(noop.get_tir(n).params) for n in NOOP_ARGS] == list(NOOP_ARGS)
+
+
 def test_cpu_tensors_get_the_named_device_error():
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         B.decode_call("cpu")(tilelang_ops.compress_decode)
