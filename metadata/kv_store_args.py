@@ -64,11 +64,17 @@ def check_store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv
     rows_per_block = fmt.rows_per_block(kv_cache.shape[1])
     if out_norm is not None:
         check_tensor("out_norm", out_norm, dtype=torch.bfloat16, shape=(rows, dim), contiguous=True)
-        if rows > 0 and same_start(out_norm, kv):
-            raise ValueError("out_norm must not alias kv")
+        check_out_norm_apart(out_norm, kv)
     check_same_device(kv=kv, norm_weight=norm_weight, cos=cos, sin=sin, positions=positions,
                       slot_mapping=slot_mapping, kv_cache=kv_cache, out_norm=out_norm)
     return StoreGeometry(rows, dim, rows_per_block, kv_cache.shape[0] * rows_per_block, cos.shape[0])
+
+
+def check_out_norm_apart(out_norm, kv) -> None:
+    """out_norm must not start where kv does (rows written while others are read). An address, not part
+    of a call's static key: the kernel wrapper checks it on every call, cached plans included."""
+    if out_norm is not None and kv.shape[0] > 0 and same_start(out_norm, kv):
+        raise ValueError("out_norm must not alias kv")
 
 
 def check_store_values(positions, slot_mapping, geom: StoreGeometry) -> None:

@@ -200,6 +200,23 @@ def test_the_most_recent_key_is_checked_without_the_table(case):
     assert plans(case.change(*first)) == (1 if case.recent else 2), f"{case.id}: made {made}"
 
 
+def test_alternating_keys_are_found_by_their_compiled_checks():
+    """The RECENT_KEYS most recent keys are each found without the table (an engine alternates a few keys
+    per op, one per layer type); an older one is looked up in the table again."""
+    from tilelang_ops._library import RECENT_KEYS
+
+    plans, made = _counting_plans()
+    calls = [(torch.zeros(8, 16), k, None) for k in range(RECENT_KEYS + 1)]
+    for call in calls:
+        plans(call)
+    plans.table.clear()
+    for _ in range(2):
+        for call in calls[1:]:
+            assert plans(call) == call[1] + 1, f"key {call[1]}: made {made}"
+    assert len(made) == RECENT_KEYS + 1
+    assert plans(calls[0]) == RECENT_KEYS + 2  # forgotten by the checks, and the table was emptied
+
+
 def _launch_with_configs():
     """The ``config=`` paths (tests, benchmarks and tools launch them directly)."""
     from tilelang_ops.compress_store import CompressStoreConfig
@@ -297,6 +314,29 @@ def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
         _library.forget_plans()  # the plans hold the stand-in launches
     assert len(params) >= len({c.op for c in CASES}) - 2, params
     assert strided >= 10, f"only {strided} calls with a strided input reached a launch"
+
+
+def test_an_address_check_runs_on_every_call(monkeypatch):
+    """A cached plan does not skip the one host check that reads addresses (out_norm starting where kv
+    does): after a clean call, the same static key with out_norm = kv raises before any launch."""
+    import tilelang_ops.kv_store as kv_store
+    from tilelang_ops import _library
+
+    launches = []
+    _accept_cpu_tensors(monkeypatch)
+    monkeypatch.setattr(kv_store, "compiled", lambda *static: lambda *args: launches.append(args))
+    case = OP_CASES["store_fp8_main"]
+    call = case.call("cpu")
+    kv = call["kv"]
+    _library.forget_plans()
+    try:
+        call.fresh().with_(out_norm=torch.empty_like(kv))(case.fn)
+        assert len(launches) == 1
+        with pytest.raises(ValueError, match="out_norm must not alias kv"):
+            call.fresh().with_(out_norm=kv)(case.fn)
+        assert len(launches) == 1
+    finally:
+        _library.forget_plans()
 
 
 def _strided(t: torch.Tensor) -> torch.Tensor:

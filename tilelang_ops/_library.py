@@ -141,48 +141,63 @@ except ImportError:  # pragma: no cover - every supported torch has it
 _data_ptr = _Tensor.data_ptr
 
 
+RECENT_KEYS = 4  # keys per op tried by their compiled checks before the table (an engine alternates few)
+
+
 class Plans:
     """An op's launch plans by static key (``plan_key``): ``plans(args)`` looks the key up, or makes the
     plan with ``make(*args)`` (the op's full host checks) on the key's first call.
 
-    The most recent key is also held as one compiled check, tried first: torch's ``TensorGuards`` over the
-    tensor arguments (exact type, dispatch keys, dtype, device, sizes, strides, ``requires_grad``), the
-    other arguments compared by class and value, and every address 16-byte aligned. An engine's decode step
-    repeats its keys, and the check costs a fraction of building the key."""
+    Each key also gets one compiled check, and the checks of the ``RECENT_KEYS`` most recent keys are tried
+    first, newest first: the other arguments compared by class and value, torch's ``TensorGuards`` over the
+    tensor arguments (exact type, dispatch keys, dtype, device, sizes, strides, ``requires_grad``), every
+    address 16-byte aligned. An engine's decode step repeats a few keys per op (layers alternate compress
+    ratios and cache formats), and a check costs a fraction of building the key."""
 
     __slots__ = ("make", "table", "recent")
 
     def __init__(self, make: Callable):
         self.make = make
-        self.table: dict[tuple, object] = {}
-        # (tensors of a call, their guard check, other arguments of a call, their values and classes, plan)
-        self.recent: tuple | None = None
+        self.table: dict[tuple, tuple] = {}  # key -> (plan, its compiled check or None)
+        # compiled checks, newest first: (tensors of a call, their guard check, other arguments of a call,
+        # their values and classes, plan)
+        self.recent: list[tuple] = []
         _PLAN_CACHES.append(self)
 
     def __call__(self, args: tuple):
-        recent = self.recent
-        if recent is not None:
+        for recent in self.recent:
             tensors_of, check, others_of, others, classes, found = recent
-            tensors = tensors_of(args)
             now = others_of(args)
             # classes before values: a tensor where the key holds a scalar would compare elementwise
-            if check(*tensors) and tuple(map(type, now)) == classes and now == others:
-                aligned = 0
-                for t in tensors:
-                    aligned |= _data_ptr(t)
-                if not aligned & 15:
-                    return found
+            if tuple(map(type, now)) != classes or now != others:
+                continue
+            tensors = tensors_of(args)
+            if not check(*tensors):
+                continue
+            aligned = 0
+            for t in tensors:
+                aligned |= _data_ptr(t)
+            if aligned & 15:
+                continue
+            if recent is not self.recent[0]:
+                self._remember(recent)
+            return found
         key = plan_key(args)
-        found = self.table.get(key)
-        if found is None:
+        entry = self.table.get(key)
+        if entry is None:
             if len(self.table) >= MAX_PLANS:
                 self.table.clear()
-            found = self.table[key] = self.make(*args)
-        self.recent = self._recent(key, args, found)
-        return found
+            found = self.make(*args)
+            entry = self.table[key] = (found, self._check(key, args, found))
+        if entry[1] is not None:
+            self._remember(entry[1])
+        return entry[0]
+
+    def _remember(self, recent: tuple) -> None:
+        self.recent = [recent] + [r for r in self.recent if r is not recent][:RECENT_KEYS - 1]
 
     @staticmethod
-    def _recent(key: tuple, args: tuple, found) -> tuple | None:
+    def _check(key: tuple, args: tuple, found) -> tuple | None:
         """The compiled check of ``key``: only for keys of plain, aligned tensors (others take the table)."""
         if _TensorGuards is None:
             return None
@@ -205,7 +220,7 @@ def forget_plans() -> None:
     """Drop every launch plan and compiled kernel of this process (the next calls check and look up again)."""
     for plans in _PLAN_CACHES:
         plans.table.clear()
-        plans.recent = None
+        plans.recent = []
     _KERNELS.clear()
 
 

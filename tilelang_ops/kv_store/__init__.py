@@ -9,7 +9,7 @@ docstrings; the launch rule's reasons and measured bounds: docs/design.md, "## k
 import torch
 
 from metadata.checks import check_aligned, check_cuda, debug_checks_enabled
-from metadata.kv_store_args import check_store_args, check_store_values
+from metadata.kv_store_args import check_out_norm_apart, check_store_args, check_store_values
 from tilelang_ops._library import Plans, call_op, dense, dummy, register_op
 from tilelang_ops._library import kernel as compiled  # (the package's own `kernel` is its kernel module)
 from tilelang_ops.kv_store.config import (
@@ -128,6 +128,7 @@ def _store_plan(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cach
 
 def _store_launch(plan_, kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, out_norm):
     geom, fn, no_norm, contiguous = plan_
+    check_out_norm_apart(out_norm, kv)
     if debug_checks_enabled():
         check_store_values(positions, slot_mapping, geom)
     if fn is None:
