@@ -217,6 +217,22 @@ def test_alternating_keys_are_found_by_their_compiled_checks():
     assert plans(calls[0]) == RECENT_KEYS + 2  # forgotten by the checks, and the table was emptied
 
 
+def test_plans_work_without_compiled_checks(monkeypatch):
+    """Where torch's TensorGuards is missing or refuses the tensors (a private API), the table alone finds
+    every plan."""
+    from tilelang_ops import _library
+
+    def refuse(*tensors, **kwargs):
+        raise TypeError("TensorGuards() changed")
+
+    for guards in (None, refuse):
+        monkeypatch.setattr(_library, "_TensorGuards", guards)
+        plans, made = _counting_plans()
+        first, second = (torch.zeros(8, 16), 4, None), (torch.zeros(8, 16), 5, None)
+        assert [plans(first), plans(second), plans(first), plans(second)] == [1, 2, 1, 2]
+        assert len(made) == 2 and plans.recent == []
+
+
 def _launch_with_configs():
     """The ``config=`` paths (tests, benchmarks and tools launch them directly)."""
     from tilelang_ops.compress_store import CompressStoreConfig

@@ -135,7 +135,7 @@ MAX_PLANS = 4096  # launch plans kept per op; prefill shapes vary per call, so t
 
 try:  # torch's compiled tensor-guard check (what torch.compile's guards run)
     from torch._C._dynamo.guards import TensorGuards as _TensorGuards
-except ImportError:  # pragma: no cover - every supported torch has it
+except ImportError:  # pragma: no cover - torch 2.11 and 2.13 have it
     _TensorGuards = None
 
 _data_ptr = _Tensor.data_ptr
@@ -206,8 +206,11 @@ class Plans:
             return None
         opos = tuple(i for i in range(len(args)) if i not in tpos)
         tensors = [args[i] for i in tpos]
-        guards = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
-                               dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        try:  # a private torch API: where it changed, the table alone serves
+            guards = _TensorGuards(*tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+                                   dynamic_dims_strides=[list(t.stride()) for t in tensors])
+        except (TypeError, RuntimeError):
+            return None
         others_of = _picker(opos)
         others = others_of(args)
         return _picker(tpos), guards.check, others_of, others, tuple(map(type, others)), found
