@@ -776,3 +776,21 @@ def test_gpu_compile_jobs_cover_the_cases():
     assert {s[-2] for s in row} == {256, 512, 1024} and {s[-1] for s in row} == {False, True}
     # specializations stay bounded: cases share dtype, tier and config (the cold GPU tier compiles these)
     assert len(jobs) <= 57
+
+
+def test_a_negative_zero_fill_reaches_the_kernel():
+    """The value fill is a static kernel argument, and kernel caches compare those by equality (-0.0 ==
+    0.0): a -0.0 fill still lowers to a -0.0 store, and its key differs from 0.0's."""
+    from tvm.target import Target
+
+    from tilelang_ops.build import SM90_TARGET
+    from tilelang_ops.topk import TopkConfig, exact_fill, kernel_for
+
+    scripts = []
+    for fill in (-0.0, 0.0):
+        static = ("float32", "int32", "int32", True, False, -1, exact_fill(fill), "topk", 0, 1)
+        factory, static = kernel_for(static, 8192, TopkConfig("tile"))
+        with Target(SM90_TARGET):
+            scripts.append(factory.get_tir(*static).script())
+    assert 'T.Cast("float32", T.float32(-0.0))' in scripts[0]
+    assert 'T.Cast("float32", T.float32(0.0))' in scripts[1]

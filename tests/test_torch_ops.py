@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import os
 import subprocess
 import sys
@@ -198,6 +199,20 @@ def test_the_most_recent_key_is_checked_without_the_table(case):
     plans(first)
     plans.table.clear()
     assert plans(case.change(*first)) == (1 if case.recent else 2), f"{case.id}: made {made}"
+
+
+def test_float_arguments_key_by_their_bits():
+    """-0.0 and 0.0 are two keys (top-k's value fill writes either), every NaN one key (equality would make
+    each NaN call a new plan)."""
+    from tilelang_ops.topk import exact_fill
+
+    plans, made = _counting_plans()
+    x = torch.zeros(8, 16)
+    assert [plans((x, 0.0)), plans((x, -0.0)), plans((x, 0.0)), plans((x, -0.0))] == [1, 2, 1, 2]
+    assert [plans((x, float("nan"))), plans((x, float("nan")))] == [3, 3] and len(made) == 3
+    # the kernel caches compare static arguments by equality too: the fill travels exactly
+    assert exact_fill(-0.0) != exact_fill(0.0) and exact_fill(float("nan")) == exact_fill(float("nan"))
+    assert exact_fill(-1.5) == -1.5 and math.copysign(1.0, float.fromhex(exact_fill(-0.0))) == -1.0
 
 
 def test_alternating_keys_are_found_by_their_compiled_checks():

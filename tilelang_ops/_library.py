@@ -126,9 +126,10 @@ _Tensor = torch.Tensor
 
 def plan_key(args: Sequence) -> tuple:
     """The static key of a call: what the host checks read of each tensor (shape, strides, dtype, device
-    and address modulo 16), (type, value) of each other argument."""
+    and address modulo 16), (type, value) of each other argument; a float by its ``float.hex`` (equality
+    makes -0.0 0.0 and a NaN unequal to itself)."""
     return tuple([(a.shape, a.stride(), a.dtype, a.device, a.data_ptr() & 15) if isinstance(a, _Tensor)
-                  else (a.__class__, a) for a in args])
+                  else (float, a.hex()) if a.__class__ is float else (a.__class__, a) for a in args])
 
 
 MAX_PLANS = 4096  # launch plans kept per op; prefill shapes vary per call, so the cache is bounded
@@ -160,16 +161,18 @@ class Plans:
         self.make = make
         self.table: dict[tuple, tuple] = {}  # key -> (plan, its compiled check or None)
         # compiled checks, newest first: (tensors of a call, their guard check, other arguments of a call,
-        # their values and classes, plan)
+        # their values and classes, (position, float.hex) of the float ones, plan)
         self.recent: list[tuple] = []
         _PLAN_CACHES.append(self)
 
     def __call__(self, args: tuple):
         for recent in self.recent:
-            tensors_of, check, others_of, others, classes, found = recent
+            tensors_of, check, others_of, others, classes, floats, found = recent
             now = others_of(args)
             # classes before values: a tensor where the key holds a scalar would compare elementwise
             if tuple(map(type, now)) != classes or now != others:
+                continue
+            if floats and any(now[j].hex() != h for j, h in floats):  # -0.0 == 0.0
                 continue
             tensors = tensors_of(args)
             if not check(*tensors):
@@ -213,7 +216,8 @@ class Plans:
             return None
         others_of = _picker(opos)
         others = others_of(args)
-        return _picker(tpos), guards.check, others_of, others, tuple(map(type, others)), found
+        floats = tuple((j, v.hex()) for j, v in enumerate(others) if v.__class__ is float)
+        return _picker(tpos), guards.check, others_of, others, tuple(map(type, others)), floats, found
 
 
 _PLAN_CACHES: list[Plans] = []

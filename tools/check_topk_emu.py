@@ -33,7 +33,7 @@ from tilelang_ops.testing.topk import (  # noqa: E402
     poison_beyond_end,
     with_nan_payloads,
 )
-from tilelang_ops.topk import _sort_by_value, kernel_for  # noqa: E402
+from tilelang_ops.topk import _sort_by_value, exact_fill, kernel_for  # noqa: E402
 from tilelang_ops.topk._host import TORCH_TO_TL, flat_scores  # noqa: E402
 from tilelang_ops.topk.elementwise import block_max_kernel  # noqa: E402
 from tilelang_ops.topk.launch import TopkConfig, topk_config  # noqa: E402
@@ -131,7 +131,7 @@ def emu_topk(x, k, *, end=None, sorted=False, indices_type=torch.int32, idx_oob_
     indices = torch.empty((b, k), dtype=indices_type)
     off_dtype = output_idx_offset.dtype if output_idx_offset is not None else torch.int32
     static = (TORCH_TO_TL[x.dtype], TORCH_TO_TL[indices_type], TORCH_TO_TL[off_dtype], need_values,
-              output_idx_offset is not None, int(idx_oob_fill_value), float(value_oob_fill_value), "topk", 0, 1)
+              output_idx_offset is not None, int(idx_oob_fill_value), exact_fill(value_oob_fill_value), "topk", 0, 1)
     flat, ld = flat_scores(x)
     topk_emu_kernel(static, n, config, seed, schedule)(
         flat.contiguous(), end if end is not None else _zeros(torch.int32),

@@ -15,6 +15,8 @@ launches split over a cluster), `tile` (rows of one tile, keys in registers) and
 one warp a row).
 """
 
+import math
+
 import torch
 
 from metadata.checks import check_cuda, debug_checks_enabled
@@ -66,6 +68,13 @@ def _sort_by_value(values, indices, end, n, k):
     return values.gather(1, order), indices.gather(1, order)
 
 
+def exact_fill(value) -> float | str:
+    """The value fill as a kernel's static argument: kernel caches compare their arguments by equality,
+    for which -0.0 is 0.0 and a NaN differs from itself, so those two travel as ``float.hex``."""
+    value = float(value)
+    return value.hex() if value != value or (value == 0.0 and math.copysign(1.0, value) < 0) else value
+
+
 def _topk_check(scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill_value, value_oob_fill_value,
                 output_idx_offset, return_value):
     """Every host check of a topk call; returns (b, n)."""
@@ -90,8 +99,8 @@ def _topk_plan(scores, k, end, sorted, sorted_index, indices_type, idx_oob_fill_
     off_dtype = output_idx_offset.dtype if output_idx_offset is not None else torch.int32
     config = config or default_config(b, n, scores.element_size(), scores.device)
     static = (TORCH_TO_TL[scores.dtype], TORCH_TO_TL[indices_type], TORCH_TO_TL[off_dtype], need_values,
-              output_idx_offset is not None, int(idx_oob_fill_value), float(value_oob_fill_value), "topk", 0,
-              1)
+              output_idx_offset is not None, int(idx_oob_fill_value), exact_fill(value_oob_fill_value),
+              "topk", 0, 1)
     factory, static = kernel_for(static, n, config)
     dev = scores.device
     placeholders = (dummy(dev, torch.int32), dummy(dev, off_dtype), dummy(dev, torch.int32, (b, 1)),

@@ -34,7 +34,8 @@ def _lane_macros(in_dtype, idx_dtype, with_values, with_offset, idx_fill, val_fi
                  nc, mb, threads=THREADS):
     """The output-lane macros of the top-k kernels: `fills` writes the fill values to the lanes
     [min(e, k), k) of a row, `emit` gives lane `pos` row entry `oi` (the mode's index transform and the
-    value copy)."""
+    value copy). `val_fill` is a float or its ``float.hex`` (``exact_fill``)."""
+    val_fill = float.fromhex(val_fill) if isinstance(val_fill, str) else val_fill
 
     @T.macro
     def fills(values, indices, row, tx, k, e):
