@@ -292,11 +292,59 @@ def _accept_cpu_tensors(mp):
             mp.setattr(module, "check_cuda", lambda **tensors: torch.device("cpu"))
 
 
+_TL_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+              torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8", torch.int8: "int8"}
+
+
+def bind_launch(func, args, name: str) -> None:
+    """Bind a launch's arguments to a prim_func's parameters as its TVM-FFI host code does on the GPU: as
+    many arguments as parameters; per buffer a tensor of its dtype and rank, constant extents equal,
+    each symbolic extent one value across every buffer, extent expressions (``num_reqs + 1``) equal to
+    their value, compact strides (contiguous); per scalar a Python number."""
+    import tvm
+    from tvm import tirx as tir
+
+    assert len(args) == len(func.params), f"{name}: {len(args)} arguments, {len(func.params)} params"
+    env: dict = {}
+    exprs = []
+    for i, (param, arg) in enumerate(zip(func.params, args)):
+        buf = func.buffer_map.get(param)
+        if buf is None:
+            assert isinstance(arg, (int, float)), \
+                f"{name}: argument {i} ({param.name}) must be a number, got {type(arg).__name__}"
+            continue
+        where = f"{name}: argument {i} ({buf.name})"
+        assert isinstance(arg, torch.Tensor), f"{where}: a tensor, got {type(arg).__name__}"
+        assert _TL_DTYPES.get(arg.dtype) == str(buf.dtype), f"{where}: dtype {arg.dtype}, buffer {buf.dtype}"
+        assert arg.dim() == len(buf.shape), f"{where}: shape {tuple(arg.shape)}, buffer {list(buf.shape)}"
+        assert arg.is_contiguous(), f"{where}: strides {arg.stride()}, the buffer is compact"
+        for extent, size in zip(buf.shape, arg.shape):
+            if isinstance(extent, tir.IntImm):
+                assert int(extent) == size, f"{where}: shape {tuple(arg.shape)}, buffer {list(buf.shape)}"
+            elif isinstance(extent, tir.Var):
+                assert env.setdefault(extent.name, size) == size, \
+                    f"{where}: {extent.name} = {size}, another buffer has {env[extent.name]}"
+            else:
+                exprs.append((where, extent, size))
+    def variables(expr) -> list:
+        found = []
+        tir.stmt_functor.post_order_visit(expr, lambda e: found.append(e) if isinstance(e, tir.Var) else None)
+        return found
+
+    analyzer = tvm.arith.Analyzer()
+    for where, extent, size in exprs:
+        value = analyzer.simplify(tir.stmt_functor.substitute(
+            extent, {v: tir.IntImm(v.dtype, env[v.name]) for v in variables(extent) if v.name in env}))
+        assert isinstance(value, tir.IntImm) and int(value) == size, \
+            f"{where}: extent {extent} = {value}, got {size}"
+
+
 def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
     """Each case's eager path, and the decode step's, on the CPU up to the launches: the host checks (the
     device check passing), the plan, every kernel's static arguments bound into its sm_90a TIR, and each
-    launch given as many arguments as that prim_func takes (what the CUDA tier would otherwise find first);
-    each op's outputs have its fake's shapes, strides and dtypes."""
+    launch's arguments bound to that prim_func's parameters as its TVM-FFI host code binds them
+    (``bind_launch``: what the CUDA tier would otherwise find first), strided inputs included; each op's
+    outputs have its fake's shapes, strides and dtypes."""
     import types
 
     from tvm.target import Target
@@ -304,20 +352,17 @@ def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
     from tilelang_ops import _library
     from tilelang_ops.build import SM90_TARGET
 
-    params: dict = {}
+    funcs: dict = {}
 
     def bound(factory, *static):
         key = (id(factory), static)
-        if key not in params:
+        if key not in funcs:
             with Target(SM90_TARGET):
-                params[key] = len(factory.get_tir(*static).params)
-
+                funcs[key] = factory.get_tir(*static)
         name = getattr(getattr(getattr(factory, "func", None), "orig_func", None), "__name__", "kernel")
 
         def launch(*args):
-            assert len(args) == params[key], f"{name}{static}: {len(args)} arguments, {params[key]} params"
-            strided = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and not a.is_contiguous()]
-            assert not strided, f"{name}{static}: arguments {strided} are not contiguous"
+            bind_launch(funcs[key], args, f"{name}{static}")
         return launch
 
     props = types.SimpleNamespace(multi_processor_count=132, L2_cache_size=50 << 20, total_memory=80 << 30)
@@ -343,7 +388,7 @@ def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
         _launch_with_configs()
     finally:
         _library.forget_plans()  # the plans hold the stand-in launches
-    assert len(params) >= len({c.op for c in CASES}) - 2, params
+    assert len(funcs) >= len({c.op for c in CASES}) - 2, list(funcs)
     assert strided >= 10, f"only {strided} calls with a strided input reached a launch"
 
 
