@@ -206,10 +206,11 @@ def emulate_paged(*, config=None, sms=132, seed=0, schedule="random", **kw):
     if geom.b == 0 or kw["max_klen"] == 0:
         return logits
     q, qs, w, cache, table, klen, cand, out, n, bc, nblk, cbs, kps, clean = args
+    # the tensors come in the callers' shapes: q [b, n, H, 64], cand [b, n, c], out [b, n, max_klen]
     vals = dict(q_codes=q, q_scales=qs, weights=w, cache=cache, table=table, klen=klen, cand=cand, out=out,
-                n=n, nrows=n, bc=bc, num_blocks=nblk, cbs=cbs, kps=kps, clean=clean, nq=q.shape[0],
-                cache_bytes=cache.numel(), nb_rows=table.shape[0], mb=table.shape[1], max_blocks=table.shape[1],
-                ncol=out.shape[1], ld_out=out.shape[1], ncand=cand.shape[1])
+                n=n, nrows=n, bc=bc, num_blocks=nblk, cbs=cbs, kps=kps, clean=clean, nper=q.shape[1],
+                nb_rows=table.shape[0], mb=table.shape[1], max_blocks=table.shape[1], ncol=out.shape[-1],
+                ld_out=out.shape[-1], ncand=cand.shape[-1])
     _run(_library(scores_kernel, static, "il_" + static[0]), vals, grid, 32 * static[3], seed, schedule)
     return logits
 

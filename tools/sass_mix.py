@@ -10,10 +10,12 @@ Needs a cuobjdump: $CUOBJDUMP, one on PATH, or the one Triton's wheel carries (n
     unzip -o -q /tmp/trw/triton-*.whl 'triton/backends/nvidia/bin/*' -d /tmp/trx
     export CUOBJDUMP=/tmp/trx/triton/backends/nvidia/bin/cuobjdump
 
-    PYTHONPATH=. python tools/sass_mix.py topk:64x8192 topk:128x131072 kv_store:fp4_index [--out DIR]
+    PYTHONPATH=. python tools/sass_mix.py topk:64x8192 kv_store:fp4_index index_logits:paged:4 [--out DIR]
 
 Cases: topk:BxN (FP32 scores, topk(x, k, return_value=False), the launch rule's config for B rows of N on the
-H200: 132 SMs, a 60 MiB L2), kv_store:FORMAT[:ROWS] (the benchmark's launch, default 1M rows).
+H200: 132 SMs, a 60 MiB L2), kv_store:FORMAT[:ROWS] (the benchmark's launch, default 1M rows),
+index_logits:MODE[:N] (the scoring kernel of paged / cand / ragged with 64 heads, N query rows per request,
+the launch rule's config for 64 requests over 65536 keys).
 """
 
 from __future__ import annotations
@@ -50,7 +52,15 @@ def kernel_args(case: str) -> tuple:
         config = K.launch_config(fmt, int(rows or 1 << 20))
         return K.kv_store_kernel, K.static_args(fmt, 64, True, hadamard, False, ROWS_PER_BLOCK, "bfloat16",
                                                 "int64", "int64", config)
-    raise ValueError(f"unknown case {case!r} (topk:BxN or kv_store:FORMAT[:ROWS])")
+    if op == "index_logits":
+        import tilelang_ops.index_logits as IL
+
+        mode, _, n = spec.partition(":")  # paged / cand / ragged, query rows per request (paged)
+        n = int(n or 1)
+        rows = 64 if mode == "paged" else 64 * n
+        config = IL.launch_config(mode, rows=rows, width=65536, n=n, sms=H200_SMS)
+        return IL.scores_factory(), IL.kernel_static(mode, 64, config, True)
+    raise ValueError(f"unknown case {case!r} (topk:BxN, kv_store:FORMAT[:ROWS] or index_logits:MODE[:N])")
 
 
 def cuobjdump() -> str:

@@ -172,15 +172,15 @@ def _paged_static(q_codes, q_scales, weights, index_cache, block_tables, klen, m
 def _paged_args(geom, config, q_codes, q_scales, weights, index_cache, block_tables, klen, candidate_blocks,
                 candidate_block_size, clean, logits):
     """(kernel arguments, grid) of a checked ``paged_index_logits`` call."""
-    rows, max_klen = geom.b * geom.n, geom.max_klen
+    b, n, max_klen = geom.b, geom.n, geom.max_klen
     cand = candidate_blocks is not None
-    cand2 = (candidate_blocks.reshape(rows, -1).contiguous() if cand
-             else dummy(q_codes.device, torch.int32, (rows, 1), fill=-1))
-    args = (q_codes.contiguous().reshape(rows, -1), q_scales.contiguous().reshape(rows, -1),
-            weights.contiguous().reshape(rows, -1), index_cache.reshape(-1), block_tables.contiguous(),
-            klen.contiguous().reshape(-1), cand2, logits.reshape(rows, max_klen), geom.n, geom.rows_per_block,
-            geom.num_blocks, candidate_block_size or 1, config.keys_per_cta, int(clean))
-    grid = (geom.b if not cand else rows, -(-max_klen // config.keys_per_cta))
+    # the kernel takes every tensor in the caller's own shape (no views to make)
+    args = (q_codes.contiguous(), q_scales.contiguous(), weights.contiguous(), index_cache,
+            block_tables.contiguous(), klen.contiguous(),
+            candidate_blocks.contiguous() if cand else dummy(q_codes.device, torch.int32, (b, n, 1), fill=-1),
+            logits, n, geom.rows_per_block, geom.num_blocks, candidate_block_size or 1, config.keys_per_cta,
+            int(clean))
+    grid = (b if not cand else b * n, -(-max_klen // config.keys_per_cta))
     return args, grid
 
 
@@ -213,9 +213,9 @@ def _ragged_static(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_wi
 
 
 def _ragged_args(geom, config, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean, logits):
-    args = (q_codes.contiguous().reshape(geom.t, -1), q_scales.contiguous().reshape(geom.t, -1),
-            weights.contiguous(), k_codes.contiguous(), k_scales.contiguous(), ks.contiguous(),
-            ke.contiguous(), logits, geom.max_width, config.keys_per_cta, int(clean))
+    args = (q_codes.contiguous(), q_scales.contiguous(), weights.contiguous(), k_codes.contiguous(),
+            k_scales.contiguous(), ks.contiguous(), ke.contiguous(), logits, geom.max_width,
+            config.keys_per_cta, int(clean))
     grid = (-(-geom.t // config.rows), -(-geom.max_width // config.keys_per_cta))
     return args, grid
 

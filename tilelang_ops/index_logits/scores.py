@@ -121,7 +121,7 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
     pjobs = -(-(rows * ntiles) // warps)  # prologue jobs (query row, N-tile) per warp
     neg_inf = T.reinterpret(_u32(0xFF800000), "float32")
 
-    dyn = T.dynamic("nq, cache_bytes, nkeys, nb_rows, mb, ncol, ncand")
+    dyn = T.dynamic("nq, nkeys, nb_rows, mb, ncol, ncand")
 
     def src_addr(src, off, byte):
         """Address of byte ``byte`` of key data: the flat cache at offset off (paged), or row off of the
@@ -455,12 +455,12 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
 
 def _entry(mode, heads, rows, threads, lay, main_loop, dyn, neg_inf, min_ctas):
     """The prim_func of ``mode``: the CTA's rows and key range, the main loop, the clean fill."""
-    nq, cache_bytes, nkeys, nb_rows, mb, ncol, ncand = dyn
+    nq, nkeys, nb_rows, mb, ncol, ncand = dyn
     if mode == "ragged":
         @T.prim_func
         def ragged(
-            q_codes: T.Tensor((nq, heads * CODE_BYTES), "uint8"),  # [T, H, 64] uint8 as [T, H * 64]
-            q_scales: T.Tensor((nq, heads * SCALE_BYTES), "uint8"),  # [T, H, 4] uint8 as [T, H * 4]
+            q_codes3: T.Tensor((nq, heads, CODE_BYTES), "uint8"),  # [T, H, 64] uint8
+            q_scales3: T.Tensor((nq, heads, SCALE_BYTES), "uint8"),  # [T, H, 4] uint8
             weights: T.Tensor((nq, heads), "float32"),  # [T, H] fp32
             k_codes: T.Tensor((nkeys, CODE_BYTES), "uint8"),  # [N, 64] uint8
             k_scales: T.Tensor((nkeys, SCALE_BYTES), "uint8"),  # [N, 4] uint8
@@ -473,6 +473,8 @@ def _entry(mode, heads, rows, threads, lay, main_loop, dyn, neg_inf, min_ctas):
         ):
             with T.Kernel(T.ceildiv(nq, rows), T.ceildiv(max_width, kps), threads=threads,
                           prelude=PRELUDE) as (bx, by):
+                q_codes = T.reshape(q_codes3, (nq, heads * CODE_BYTES))  # the body addresses a row's bytes
+                q_scales = T.reshape(q_scales3, (nq, heads * SCALE_BYTES))
                 if min_ctas > 1:
                     T.annotate_min_blocks_per_sm(min_ctas)
                 sm = T.alloc_shared([lay["total"]], "uint32")
@@ -514,16 +516,18 @@ def _entry(mode, heads, rows, threads, lay, main_loop, dyn, neg_inf, min_ctas):
                                     out[bx * rows + t, col] = neg_inf
         return ragged
 
+    nper, nblk, bbytes = T.dynamic("nper, nblk, bbytes")
+
     @T.prim_func
     def paged(
-        q_codes: T.Tensor((nq, heads * CODE_BYTES), "uint8"),  # [b, n, H, 64] uint8 as [b * n, H * 64]
-        q_scales: T.Tensor((nq, heads * SCALE_BYTES), "uint8"),  # [b, n, H, 4] uint8 as [b * n, H * 4]
-        weights: T.Tensor((nq, heads), "float32"),  # [b, n, H] fp32 as [b * n, H]
-        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks, Bc * 68] uint8, flat
+        q_codes4: T.Tensor((nb_rows, nper, heads, CODE_BYTES), "uint8"),  # [b, n, H, 64] uint8
+        q_scales4: T.Tensor((nb_rows, nper, heads, SCALE_BYTES), "uint8"),  # [b, n, H, 4] uint8
+        weights3: T.Tensor((nb_rows, nper, heads), "float32"),  # [b, n, H] fp32
+        cache2: T.Tensor((nblk, bbytes), "uint8"),  # [num_blocks, Bc * 68] uint8
         table: T.Tensor((nb_rows, mb), "int32"),  # [b, max_blocks] int32
-        klen: T.Tensor((nq,), "int32"),  # [b, n] int32 as [b * n]
-        cand: T.Tensor((nq, ncand), "int32"),  # [b, n, c] int32 as [b * n, c] ([b * n, 1] when unused)
-        out: T.Tensor((nq, ncol), "float32"),  # [b, n, max_klen] fp32 as [b * n, max_klen]
+        klen2: T.Tensor((nb_rows, nper), "int32"),  # [b, n] int32
+        cand3: T.Tensor((nb_rows, nper, ncand), "int32"),  # [b, n, c] int32 ([b, n, 1] when unused)
+        out3: T.Tensor((nb_rows, nper, ncol), "float32"),  # [b, n, max_klen] fp32
         n: T.int32,  # query rows per request
         bc: T.int32,  # rows per cache block
         num_blocks: T.int32,
@@ -532,8 +536,16 @@ def _entry(mode, heads, rows, threads, lay, main_loop, dyn, neg_inf, min_ctas):
         clean: T.int32,
     ):
         # grid x: requests (cand: query rows), y: column splits
-        with T.Kernel(nb_rows if mode == "paged" else nq, T.ceildiv(ncol, kps), threads=threads,
+        with T.Kernel(nb_rows if mode == "paged" else nb_rows * nper, T.ceildiv(ncol, kps), threads=threads,
                       prelude=PRELUDE) as (bx, by):
+            # the kernel body addresses query rows flat (row = request * n + i) and the cache by byte
+            q_codes = T.reshape(q_codes4, (nb_rows * nper, heads * CODE_BYTES))
+            q_scales = T.reshape(q_scales4, (nb_rows * nper, heads * SCALE_BYTES))
+            weights = T.reshape(weights3, (nb_rows * nper, heads))
+            cache = T.reshape(cache2, (nblk * bbytes,))
+            klen = T.reshape(klen2, (nb_rows * nper,))
+            cand = T.reshape(cand3, (nb_rows * nper, ncand))
+            out = T.reshape(out3, (nb_rows * nper, ncol))
             if min_ctas > 1:
                 T.annotate_min_blocks_per_sm(min_ctas)
             sm = T.alloc_shared([lay["total"]], "uint32")
