@@ -450,6 +450,33 @@ def test_host_benchmark_noop_kernels_lower_for_sm90():
         assert [len(noop.get_tir(n).params) for n in NOOP_ARGS] == list(NOOP_ARGS)
 
 
+@pytest.mark.parametrize("shape", [(128,), (5, 128), (2, 3, 128), (2, 1, 4, 128)], ids=str)
+def test_quantize_launch_binds_every_leading_rank(monkeypatch, shape):
+    """quantize_index_rows hands x and its outputs to the kernel in their own shapes (a kernel per leading
+    rank; one row of x [128] as [1, 128]): each launch binds to its prim_func's parameters."""
+    from tvm.target import Target
+
+    import tilelang_ops.index_logits as index_logits
+    from tilelang_ops import _library
+    from tilelang_ops.build import SM90_TARGET
+
+    launches = []
+
+    def bound(factory, *static):
+        with Target(SM90_TARGET):
+            func = factory.get_tir(*static)
+        return lambda *args: launches.append(bind_launch(func, args, f"quantize{static}"))
+
+    _accept_cpu_tensors(monkeypatch)
+    monkeypatch.setattr(index_logits, "kernel", bound)
+    _library.forget_plans()
+    try:
+        codes, scales = tilelang_ops.quantize_index_rows(torch.zeros(shape, dtype=torch.bfloat16))
+    finally:
+        _library.forget_plans()
+    assert len(launches) == 1 and codes.shape == (*shape[:-1], 64) and scales.shape == (*shape[:-1], 4)
+
+
 def test_cpu_tensors_get_the_named_device_error():
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         B.decode_call("cpu")(tilelang_ops.compress_decode)

@@ -13,6 +13,7 @@ references' value checks).
 """
 
 import functools
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -245,17 +246,25 @@ def _quantize_check(x):
     return lead
 
 
-_QUANTIZE_PLANS = Plans(_quantize_check)
+def _quantize_plan(x):
+    """(leading shape, compiled kernel or None when there are no rows) of a call's static key."""
+    lead = _quantize_check(x)
+    # the kernel takes x, codes and scales in the caller's shape ([*lead, 128] ...): no views to make
+    return lead, (kernel(quantize_factory(), 128, max(1, len(lead))) if math.prod(lead) else None)
+
+
+_QUANTIZE_PLANS = Plans(_quantize_plan)
 
 
 def _quantize_impl(x: Tensor) -> tuple[Tensor, Tensor]:
-    lead = _QUANTIZE_PLANS((x,))
-    rows = x.reshape(-1, INDEX_DIM).contiguous()
-    codes = torch.empty((rows.shape[0], CODE_BYTES), dtype=torch.uint8, device=x.device)
-    scales = torch.empty((rows.shape[0], SCALE_BYTES), dtype=torch.uint8, device=x.device)
-    if rows.shape[0]:
-        kernel(quantize_factory(), 128)(rows, codes, scales)
-    return codes.reshape(*lead, CODE_BYTES), scales.reshape(*lead, SCALE_BYTES)
+    lead, fn = _QUANTIZE_PLANS((x,))
+    codes = torch.empty((*lead, CODE_BYTES), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((*lead, SCALE_BYTES), dtype=torch.uint8, device=x.device)
+    if fn is not None and lead:
+        fn(x.contiguous(), codes, scales)
+    elif fn is not None:  # one row, x [128]: the kernel takes at least one leading dimension
+        fn(x.reshape(1, INDEX_DIM), codes.view(1, CODE_BYTES), scales.view(1, SCALE_BYTES))
+    return codes, scales
 
 
 def _quantize_fake(x):

@@ -8,6 +8,8 @@ bits; ``x * (1 / sf)`` (exact: sf is a power of two); the e2m1 code by the refer
 """
 
 
+import functools
+import operator
 import struct
 
 import tilelang
@@ -28,18 +30,23 @@ def _f32(v: float):
 
 
 @tilelang.jit(pass_configs={tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True})
-def quantize_kernel(threads: int = THREADS):
-    """codes / scales of every 32-element block of x (one thread each)."""
-    rows = T.dynamic("rows")
+def quantize_kernel(threads: int = THREADS, lead_rank: int = 1):
+    """codes / scales of every 32-element block of x (one thread each); the tensors come in the caller's
+    shape, ``lead_rank`` leading dimensions before the row's, and are addressed as rows."""
+    lead = [T.dynamic(f"lead{i}") for i in range(lead_rank)] if lead_rank > 1 else [T.dynamic("rows")]
+    rows = functools.reduce(operator.mul, lead)
     blocks = FMT.num_scales
 
     @T.prim_func
     def kernel(
-        x: T.Tensor((rows, FMT.dim), "bfloat16"),  # [rows, 128] bf16
-        codes: T.Tensor((rows, FMT.data_bytes), "uint8"),  # [rows, 64] uint8, element 2i in the low nibble
-        scales: T.Tensor((rows, blocks), "uint8"),  # [rows, 4] uint8, UE8M0
+        xn: T.Tensor((*lead, FMT.dim), "bfloat16"),  # [*lead, 128] bf16
+        codes_n: T.Tensor((*lead, FMT.data_bytes), "uint8"),  # [*lead, 64] uint8, element 2i low nibble
+        scales_n: T.Tensor((*lead, blocks), "uint8"),  # [*lead, 4] uint8, UE8M0
     ):
         with T.Kernel(T.ceildiv(rows * blocks, threads), threads=threads) as bx:
+            x = T.reshape(xn, (rows, FMT.dim))
+            codes = T.reshape(codes_n, (rows, FMT.data_bytes))
+            scales = T.reshape(scales_n, (rows, blocks))
             job = bx * threads + T.get_thread_binding()
             xl = T.alloc_local([GROUP], "bfloat16")
             v = T.alloc_local([GROUP], "float32")
