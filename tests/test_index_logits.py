@@ -363,7 +363,8 @@ def gpu_compile_jobs(props) -> list[tuple[str, str, tuple]]:
     statics += [_ragged_static(c, cfg, sms) for c, cfg in GPU_RAGGED]
     for case in GPU_PATHS:
         statics += _path_statics(case, sms)
-    jobs = [("tilelang_ops.index_logits", "get_quantize_kernel", (128,))]
+    # quantize: x [1, T, 128] (its own test, ragged queries [T, H, 128]) and decode queries [b, n, H, 128]
+    jobs = [("tilelang_ops.index_logits", "get_quantize_kernel", (128, rank)) for rank in (2, 3)]
     return jobs + [("tilelang_ops.index_logits", "get_kernel", s) for s in dict.fromkeys(statics)]
 
 

@@ -134,10 +134,10 @@ def quantize_factory():
 
 
 @functools.lru_cache(maxsize=None)
-def get_quantize_kernel(threads: int = 128):
+def get_quantize_kernel(threads: int = 128, lead_rank: int = 1):
     from tilelang_ops.index_logits.quantize import quantize_kernel
 
-    return quantize_kernel(threads)
+    return quantize_kernel(threads, lead_rank)
 
 
 def _aligned(*tensors) -> bool:
