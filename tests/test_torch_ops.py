@@ -119,19 +119,19 @@ def test_a_mutated_tensor_is_bumped_once_per_call():
 def test_only_plain_eager_calls_skip_the_dispatcher():
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from tilelang_ops._library import _plain_eager
+    from tilelang_ops._library import _plain_untraced
 
     class Passthrough(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
     x = torch.zeros(2)
-    assert _plain_eager((0, 1), (x, None))
+    assert _plain_untraced((x, None))
     with FakeTensorMode():
-        assert not _plain_eager((0,), (torch.empty(2),))
+        assert not _plain_untraced((torch.empty(2),))
     with Passthrough():
-        assert not _plain_eager((0,), (x,))
-    assert not _plain_eager((0,), (torch.nn.Parameter(x),))
+        assert not _plain_untraced((x,))
+    assert not _plain_untraced((torch.nn.Parameter(x),))
 
 
 @dataclasses.dataclass(frozen=True)

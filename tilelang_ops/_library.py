@@ -12,9 +12,9 @@ costs about as much as for a built-in op.
 
 Eager path. A call's static key (the shapes, strides, dtypes and devices of its tensors, the 16-byte
 alignment of their addresses and its Python scalars) maps to a launch plan made by the op's full host
-checks on the first call with that key (``Plans``); later calls with the same key look the plan up, the
-most recent key through one compiled guard check, and launch the compiled function directly
-(``direct``). No call reads a device value on the host unless TILELANG_OPS_DEBUG=1 asks for the value
+checks on the first call with that key (``Plans``); later calls with the same key look the plan up (a
+few recent keys through compiled guard checks, before the key is built) and launch the compiled function
+directly (``direct``). No call reads a device value on the host unless TILELANG_OPS_DEBUG=1 asks for the value
 checks, so the ops record into CUDA graphs.
 
 Compiles. Kernels are compiled on the first call that needs them (``kernel``), or ahead of time by
@@ -231,17 +231,13 @@ def forget_plans() -> None:
     _KERNELS.clear()
 
 
-def _plain_eager(tensor_positions: tuple[int, ...], args: tuple) -> bool:
-    """Whether a call is plain eager: not traced by torch.compile, no dispatch or torch-function mode active,
-    every tensor argument a plain ``torch.Tensor`` (no fake, functional or other subclass)."""
-    return not torch.compiler.is_compiling() and _plain_untraced([args[i] for i in tensor_positions])
-
-
 _PLAIN = frozenset((torch.Tensor, type(None)))
 
 
 def _plain_untraced(tensors: Sequence) -> bool:
-    """``_plain_eager`` of a call torch.compile does not trace, given its tensor arguments."""
+    """Whether a call torch.compile does not trace is plain eager, given its tensor arguments: no dispatch
+    or torch-function mode active, every tensor a plain ``torch.Tensor`` (no fake, functional or other
+    subclass)."""
     if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
         return False
     return _PLAIN.issuperset(map(type, tensors))
@@ -251,9 +247,10 @@ def call_op(op, check: Callable, *args):
     """``op(*args)``; where the dispatcher rejects an argument (a type its schema does not take), or the
     op fails, ``check(*args)`` (the op's host checks) raises the error that names the argument first.
 
-    A plain eager call (``_plain_eager``) runs the op's CUDA implementation itself, which is what the
-    dispatcher would call (the op has no derivative and no other kernel for CUDA tensors), without the
-    dispatcher's boxing of every argument; traced, fake or mode-wrapped calls go through the op."""
+    A plain eager call (not traced, ``_plain_untraced``) runs the op's CUDA implementation itself, which
+    is what the dispatcher would call (the op has no derivative and no other kernel for CUDA tensors),
+    without the dispatcher's boxing of every argument; traced, fake or mode-wrapped calls go through the
+    op."""
     call = _CALLS[op]
     traced = torch.compiler.is_compiling()
     # the check depends on the classes alone, so an eager call skips it for classes that passed (torch.compile

@@ -260,10 +260,11 @@ def _quantize_impl(x: Tensor) -> tuple[Tensor, Tensor]:
     lead, fn = _QUANTIZE_PLANS((x,))
     codes = torch.empty((*lead, CODE_BYTES), dtype=torch.uint8, device=x.device)
     scales = torch.empty((*lead, SCALE_BYTES), dtype=torch.uint8, device=x.device)
-    if fn is not None and lead:
-        fn(x.contiguous(), codes, scales)
-    elif fn is not None:  # one row, x [128]: the kernel takes at least one leading dimension
-        fn(x.reshape(1, INDEX_DIM), codes.view(1, CODE_BYTES), scales.view(1, SCALE_BYTES))
+    if fn is not None:
+        if lead:
+            fn(x.contiguous(), codes, scales)
+        else:  # one row, x [128]: the kernel takes at least one leading dimension
+            fn(x.reshape(1, INDEX_DIM), codes.view(1, CODE_BYTES), scales.view(1, SCALE_BYTES))
     return codes, scales
 
 
