@@ -442,7 +442,7 @@ def test_gather_index_rows_is_the_loop_over_block_tables():
     cache, meta = p["index_cache"], p["meta"]
     g = torch.Generator().manual_seed(3)
     cache.copy_(torch.randint(0, 256, cache.shape, dtype=torch.uint8, generator=g))
-    codes, scales = gather_index_rows(cache, meta)
+    codes, scales = gather_index_rows(cache, p["index_rows"])
     want_codes, want_scales = [], []
     for b in range(meta.num_reqs):
         for j in range(int(meta.seqlens_k[b]) // RATIO):

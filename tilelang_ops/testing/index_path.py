@@ -122,6 +122,8 @@ def build_path(case: PathCase, device="cpu") -> dict:
     out = {k: v.to(device) for k, v in t.items()}
     out.update(main_cache=main, index_cache=index, meta=meta, case=case, eps=1e-6,
                devmeta=_meta_to(meta, device))
+    if case.prefill:
+        out["index_rows"] = index_row_coords(meta, device)
     return out
 
 
@@ -214,18 +216,22 @@ def decode_step_args(p: dict) -> tuple[list, dict]:
     return tensors, ints
 
 
-def gather_index_rows(index_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every request's index rows [0, seqlen_k // r) in request order (the prefill's gathered keys):
-    (codes [N, 64], scales [N, 4]); request b starts at row output_idx_offset of its first token.
-    Indexing on the cache's device: logical row j of request b is row j % BC of block
-    block_tables[b, j // BC]."""
-    fmt = FP4_INDEX_KV_FORMAT
-    dev = index_cache.device
+def index_row_coords(meta, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block [N] int64, row in block [N] int64) of every request's index rows [0, seqlen_k // r), in
+    request order: the prefill's gathered keys, part of the step's metadata (built with it, ahead of the
+    step). Logical row j of request b is row j % BC of block block_tables[b, j // BC]."""
     counts = [int(s) // RATIO for s in meta.seqlens_k]
-    nrows = torch.as_tensor(counts, dtype=torch.long, device=dev)
-    req = torch.repeat_interleave(torch.arange(len(counts), device=dev), nrows, output_size=sum(counts))
-    j = torch.arange(req.numel(), device=dev) - (torch.cumsum(nrows, 0) - nrows)[req]
-    blk, pos = meta.block_tables.to(dev).long()[req, j // BC], j % BC
+    nrows = torch.as_tensor(counts, dtype=torch.long)
+    req = torch.repeat_interleave(torch.arange(len(counts)), nrows, output_size=sum(counts))
+    j = torch.arange(req.numel()) - (torch.cumsum(nrows, 0) - nrows)[req]
+    return meta.block_tables.long()[req, j // BC].to(device), (j % BC).to(device)
+
+
+def gather_index_rows(index_cache, coords) -> tuple[torch.Tensor, torch.Tensor]:
+    """The index rows at ``coords`` (``index_row_coords``): (codes [N, 64], scales [N, 4]) uint8; request
+    b's rows start at row output_idx_offset of its first token."""
+    fmt = FP4_INDEX_KV_FORMAT
+    blk, pos = coords
     # a block holds BC rows of codes, then BC rows of scales: one [blocks, BC, bytes] view of each
     nb, codes_end = index_cache.shape[0], BC * fmt.data_bytes
     codes = index_cache[:, :codes_end].view(nb, BC, fmt.data_bytes)
@@ -250,7 +256,7 @@ def run_prefill(p: dict, ops, timer=None, index_cache=None) -> dict:
         index_cache = index
     res["index_cache"] = index_cache
     with _stage(timer, "gather index rows (torch)"):
-        k_codes, k_scales = gather_index_rows(index_cache, p["meta"])
+        k_codes, k_scales = gather_index_rows(index_cache, p["index_rows"])
     with _stage(timer, "quantize_index_rows (queries)"):
         qc, qs = ops.quantize(p["q"])
     ks = m.output_idx_offset[key]
