@@ -26,7 +26,7 @@ from metadata.index_logits_args import (
     check_ragged_args,
     check_ragged_values,
 )
-from tilelang_ops._library import Plans, call_op, dummy, kernel, register_op
+from tilelang_ops._library import Plans, call_op, dense, dummy, kernel, register_op
 
 CODE_BYTES, SCALE_BYTES, INDEX_DIM = 64, 4, 128
 ROW_CHOICES = (1, 2, 4, 8)  # query rows per CTA the kernels are built for (n rounds up)
@@ -170,18 +170,27 @@ def _paged_static(q_codes, q_scales, weights, index_cache, block_tables, klen, m
     return geom, config, kernel_static(mode, geom.heads, config, vec16)
 
 
+def _no_candidates(geom, q_codes) -> torch.Tensor:
+    """The candidate-blocks argument of a call without candidates (the kernel reads none of it)."""
+    return dummy(q_codes.device, torch.int32, (geom.b, geom.n, 1), fill=-1)
+
+
 def _paged_args(geom, config, q_codes, q_scales, weights, index_cache, block_tables, klen, candidate_blocks,
-                candidate_block_size, clean, logits):
-    """(kernel arguments, grid) of a checked ``paged_index_logits`` call."""
-    b, n, max_klen = geom.b, geom.n, geom.max_klen
+                candidate_block_size, clean, logits, no_candidates=None, contiguous=False):
+    """(kernel arguments, grid) of a checked ``paged_index_logits`` call. A plan passes the call's
+    placeholder for absent candidates and whether its tensors are contiguous (both follow from its key)."""
     cand = candidate_blocks is not None
+    if not contiguous:
+        q_codes, q_scales, weights, block_tables, klen = (
+            t.contiguous() for t in (q_codes, q_scales, weights, block_tables, klen))
+        candidate_blocks = candidate_blocks.contiguous() if cand else None
     # the kernel takes every tensor in the caller's own shape (no views to make)
-    args = (q_codes.contiguous(), q_scales.contiguous(), weights.contiguous(), index_cache,
-            block_tables.contiguous(), klen.contiguous(),
-            candidate_blocks.contiguous() if cand else dummy(q_codes.device, torch.int32, (b, n, 1), fill=-1),
-            logits, n, geom.rows_per_block, geom.num_blocks, candidate_block_size or 1, config.keys_per_cta,
-            int(clean))
-    grid = (b if not cand else b * n, -(-max_klen // config.keys_per_cta))
+    args = (q_codes, q_scales, weights, index_cache, block_tables, klen,
+            candidate_blocks if cand else no_candidates if no_candidates is not None else
+            _no_candidates(geom, q_codes),
+            logits, geom.n, geom.rows_per_block, geom.num_blocks, candidate_block_size or 1,
+            config.keys_per_cta, int(clean))
+    grid = (geom.b if not cand else geom.b * geom.n, -(-geom.max_klen // config.keys_per_cta))
     return args, grid
 
 
@@ -213,9 +222,14 @@ def _ragged_static(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_wi
     return geom, config, kernel_static("ragged", geom.heads, config, aligned)
 
 
-def _ragged_args(geom, config, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean, logits):
-    args = (q_codes.contiguous(), q_scales.contiguous(), weights.contiguous(), k_codes.contiguous(),
-            k_scales.contiguous(), ks.contiguous(), ke.contiguous(), logits, geom.max_width,
+def _ragged_args(geom, config, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean, logits,
+                 contiguous=False):
+    """(kernel arguments, grid) of a checked ``ragged_index_logits`` call; ``contiguous``: a plan's
+    knowledge that no input needs a copy."""
+    if not contiguous:
+        q_codes, q_scales, weights, k_codes, k_scales, ks, ke = (
+            t.contiguous() for t in (q_codes, q_scales, weights, k_codes, k_scales, ks, ke))
+    args = (q_codes, q_scales, weights, k_codes, k_scales, ks, ke, logits, geom.max_width,
             config.keys_per_cta, int(clean))
     grid = (-(-geom.t // config.rows), -(-geom.max_width // config.keys_per_cta))
     return args, grid
@@ -285,21 +299,27 @@ def _paged_check(q_codes, q_scales, weights, index_cache, block_tables, klen, ma
 
 
 def _paged_plan(*args):
+    """(geometry, config, compiled kernel, placeholder for absent candidates or None, whether the read
+    tensors are contiguous) of a call's static key."""
     geom, config, static = _paged_check(*args)
-    return geom, config, kernel(scores_factory(), *static)
+    q_codes, cand = args[0], args[7]
+    return (geom, config, kernel(scores_factory(), *static),
+            _no_candidates(geom, q_codes) if cand is None else None, dense(*args[:6], cand))
 
 
 _PAGED_PLANS = Plans(_paged_plan)
 _PAGED_OUT_PLANS = Plans(_paged_plan)
 
 
-def _paged_launch(logits, geom, config, fn, q_codes, q_scales, weights, index_cache, block_tables, klen,
+def _paged_launch(logits, plan_, q_codes, q_scales, weights, index_cache, block_tables, klen,
                   candidate_blocks, candidate_block_size, clean):
+    geom, config, fn, no_candidates, contiguous = plan_
     if debug_checks_enabled():
         check_paged_values(block_tables, klen, geom, candidate_blocks)
     if geom.b and geom.max_klen:
         args, _ = _paged_args(geom, config, q_codes, q_scales, weights, index_cache, block_tables, klen,
-                              candidate_blocks, candidate_block_size, clean, logits)
+                              candidate_blocks, candidate_block_size, clean, logits, no_candidates,
+                              contiguous)
         fn(*args)
 
 
@@ -308,9 +328,10 @@ def _paged_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, index_cache:
                 candidate_block_size: int | None = None, clean: bool = False) -> Tensor:
     args = (q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
             candidate_block_size, clean)
-    geom, config, fn = _PAGED_PLANS(args)
+    plan_ = _PAGED_PLANS(args)
+    geom = plan_[0]
     logits = torch.empty((geom.b, geom.n, max_klen), dtype=torch.float32, device=q_codes.device)
-    _paged_launch(logits, geom, config, fn, *args[:6], *args[7:])
+    _paged_launch(logits, plan_, *args[:6], *args[7:])
     return logits
 
 
@@ -320,8 +341,7 @@ def _paged_out_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, index_ca
                     clean: bool = False) -> None:
     args = (q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
             candidate_block_size, clean, out)
-    geom, config, fn = _PAGED_OUT_PLANS(args)
-    _paged_launch(out, geom, config, fn, *args[:6], *args[7:10])
+    _paged_launch(out, _PAGED_OUT_PLANS(args), *args[:6], *args[7:10])
 
 
 def _paged_out_check(*args):
@@ -354,15 +374,17 @@ def _ragged_check(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_wid
 
 
 def _ragged_plan(*args):
+    """(geometry, config, compiled kernel, whether the read tensors are contiguous) of a call's static key."""
     geom, config, static = _ragged_check(*args)
-    return geom, config, kernel(scores_factory(), *static)
+    return geom, config, kernel(scores_factory(), *static), dense(*args[:7])
 
 
 _RAGGED_PLANS = Plans(_ragged_plan)
 _RAGGED_OUT_PLANS = Plans(_ragged_plan)
 
 
-def _ragged_launch(logits, geom, config, fn, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean):
+def _ragged_launch(logits, plan_, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean):
+    geom, config, fn, contiguous = plan_
     if debug_checks_enabled():
         check_ragged_values(ks, ke, geom)
     if geom.t == 0 or geom.max_width == 0 or geom.num_keys == 0 and not clean:
@@ -370,7 +392,8 @@ def _ragged_launch(logits, geom, config, fn, q_codes, q_scales, weights, k_codes
     if geom.num_keys == 0:  # nothing to score; the kernels need a key tensor to point at
         logits.fill_(float("-inf"))
         return
-    args, _ = _ragged_args(geom, config, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean, logits)
+    args, _ = _ragged_args(geom, config, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean, logits,
+                           contiguous)
     fn(*args)
 
 
@@ -378,17 +401,16 @@ def _ragged_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, k_codes: Te
                  k_scales: Tensor, ks: Tensor, ke: Tensor, max_width: int,
                  clean: bool = False) -> Tensor:
     args = (q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean)
-    geom, config, fn = _RAGGED_PLANS(args)
-    logits = torch.empty((geom.t, max_width), dtype=torch.float32, device=q_codes.device)
-    _ragged_launch(logits, geom, config, fn, *args[:7], clean)
+    plan_ = _RAGGED_PLANS(args)
+    logits = torch.empty((plan_[0].t, max_width), dtype=torch.float32, device=q_codes.device)
+    _ragged_launch(logits, plan_, *args[:7], clean)
     return logits
 
 
 def _ragged_out_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, k_codes: Tensor, k_scales: Tensor,
                      ks: Tensor, ke: Tensor, max_width: int, out: Tensor, clean: bool = False) -> None:
     args = (q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean, out)
-    geom, config, fn = _RAGGED_OUT_PLANS(args)
-    _ragged_launch(out, geom, config, fn, *args[:7], clean)
+    _ragged_launch(out, _RAGGED_OUT_PLANS(args), *args[:7], clean)
 
 
 def _ragged_out_check(*args):
