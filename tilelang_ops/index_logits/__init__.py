@@ -176,20 +176,20 @@ def _no_candidates(geom, q_codes) -> torch.Tensor:
 
 
 def _paged_args(geom, config, q_codes, q_scales, weights, index_cache, block_tables, klen, candidate_blocks,
-                candidate_block_size, clean, logits, no_candidates=None, contiguous=False):
-    """(kernel arguments, grid) of a checked ``paged_index_logits`` call. A plan passes the call's
-    placeholder for absent candidates and whether its tensors are contiguous (both follow from its key)."""
+                candidate_block_size, clean, logits, no_candidates, contiguous):
+    """(kernel arguments, grid) of a checked ``paged_index_logits`` call; ``no_candidates``: the
+    placeholder passed for absent candidates (``_no_candidates``), ``contiguous``: whether no input needs
+    a copy (a plan holds both: they follow from its key)."""
     cand = candidate_blocks is not None
     if not contiguous:
         q_codes, q_scales, weights, block_tables, klen = (
             t.contiguous() for t in (q_codes, q_scales, weights, block_tables, klen))
-        candidate_blocks = candidate_blocks.contiguous() if cand else None
+        if cand:
+            candidate_blocks = candidate_blocks.contiguous()
     # the kernel takes every tensor in the caller's own shape (no views to make)
     args = (q_codes, q_scales, weights, index_cache, block_tables, klen,
-            candidate_blocks if cand else no_candidates if no_candidates is not None else
-            _no_candidates(geom, q_codes),
-            logits, geom.n, geom.rows_per_block, geom.num_blocks, candidate_block_size or 1,
-            config.keys_per_cta, int(clean))
+            candidate_blocks if cand else no_candidates, logits, geom.n, geom.rows_per_block, geom.num_blocks,
+            candidate_block_size or 1, config.keys_per_cta, int(clean))
     grid = (geom.b if not cand else geom.b * geom.n, -(-geom.max_klen // config.keys_per_cta))
     return args, grid
 
@@ -204,8 +204,10 @@ def paged_plan(q_codes, q_scales, weights, index_cache, block_tables, klen, max_
                                          config, sms)
     logits = out if out is not None else torch.empty((geom.b, geom.n, max_klen), dtype=torch.float32,
                                                      device=q_codes.device)
+    no_candidates = _no_candidates(geom, q_codes) if candidate_blocks is None else None
     args, grid = _paged_args(geom, config, q_codes, q_scales, weights, index_cache, block_tables, klen,
-                             candidate_blocks, candidate_block_size, clean, logits)
+                             candidate_blocks, candidate_block_size, clean, logits, no_candidates,
+                             contiguous=False)
     return static, args, grid, logits, geom
 
 
@@ -223,7 +225,7 @@ def _ragged_static(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_wi
 
 
 def _ragged_args(geom, config, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean, logits,
-                 contiguous=False):
+                 contiguous):
     """(kernel arguments, grid) of a checked ``ragged_index_logits`` call; ``contiguous``: a plan's
     knowledge that no input needs a copy."""
     if not contiguous:
@@ -243,7 +245,7 @@ def ragged_plan(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width
     logits = out if out is not None else torch.empty((geom.t, max_width), dtype=torch.float32,
                                                      device=q_codes.device)
     args, grid = _ragged_args(geom, config, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean,
-                              logits)
+                              logits, contiguous=False)
     return static, args, grid, logits, geom
 
 
