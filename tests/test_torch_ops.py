@@ -251,6 +251,7 @@ def test_plans_work_without_compiled_checks(monkeypatch):
 def _launch_with_configs():
     """The ``config=`` paths (tests, benchmarks and tools launch them directly)."""
     from tilelang_ops.compress_store import CompressStoreConfig
+    from tilelang_ops.index_logits import IndexLogitsConfig
     from tilelang_ops.kv_store import DEFAULT_CONFIGS
     from tilelang_ops.topk import TopkConfig
 
@@ -263,6 +264,12 @@ def _launch_with_configs():
         call(functools.partial(tilelang_ops.norm_rope_hadamard_cast_store, config=config))
     B.compress_store_prefill_call("cpu")(functools.partial(tilelang_ops.compress_store_prefill,
                                                            config=CompressStoreConfig(rows_per_warp=8)))
+    paged = IndexLogitsConfig(rows=2, warps=4, keys_per_step=64, stages=6, keys_per_cta=64)
+    ragged = IndexLogitsConfig(rows=8, warps=8, keys_per_step=64, stages=4, keys_per_cta=512, min_ctas=0)
+    for case, config in (("paged_index_logits", paged), ("paged_index_logits_out", paged),
+                         ("paged_index_logits_candidates", IndexLogitsConfig(keys_per_cta=64)),
+                         ("ragged_index_logits", ragged), ("ragged_index_logits_out", ragged)):
+        OP_CASES[case].call("cpu").fresh()(functools.partial(OP_CASES[case].fn, config=config))
 
 
 def _layout(result):

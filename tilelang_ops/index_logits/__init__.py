@@ -291,19 +291,20 @@ def _quantize_fake(x):
 
 
 def _paged_check(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
-                 candidate_block_size, clean, out=None):
-    """Every host check of a paged call; returns (geometry, config, compiled kernel)."""
+                 candidate_block_size, clean, out=None, config=None):
+    """Every host check of a paged call; returns (geometry, config, static key); ``config``: the caller's
+    tuning (None: the launch rule's)."""
     geom, config, static = _paged_static(q_codes, q_scales, weights, index_cache, block_tables, klen,
-                                         max_klen, candidate_blocks, candidate_block_size, clean, out)
+                                         max_klen, candidate_blocks, candidate_block_size, clean, out, config)
     check_cuda(q_codes=q_codes, index_cache=index_cache, block_tables=block_tables, klen=klen,
                **({} if out is None else {"out": out}))
     return geom, config, static
 
 
-def _paged_plan(*args):
+def _paged_plan(*args, config=None):
     """(geometry, config, compiled kernel, placeholder for absent candidates or None, whether the read
     tensors are contiguous) of a call's static key."""
-    geom, config, static = _paged_check(*args)
+    geom, config, static = _paged_check(*args, config=config)
     q_codes, cand = args[0], args[7]
     return (geom, config, kernel(scores_factory(), *static),
             _no_candidates(geom, q_codes) if cand is None else None, dense(*args[:6], cand))
@@ -367,17 +368,19 @@ def _paged_out_fake(q_codes, q_scales, weights, index_cache, block_tables, klen,
                 candidate_block_size, clean, out)
 
 
-def _ragged_check(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean, out=None):
-    """Every host check of a ragged call; returns (geometry, config, static key)."""
+def _ragged_check(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean, out=None,
+                  config=None):
+    """Every host check of a ragged call; returns (geometry, config, static key); ``config``: the caller's
+    tuning (None: the launch rule's)."""
     geom, config, static = _ragged_static(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width,
-                                          clean, out)
+                                          clean, out, config)
     check_cuda(q_codes=q_codes, k_codes=k_codes, ks=ks, ke=ke, **({} if out is None else {"out": out}))
     return geom, config, static
 
 
-def _ragged_plan(*args):
+def _ragged_plan(*args, config=None):
     """(geometry, config, compiled kernel, whether the read tensors are contiguous) of a call's static key."""
-    geom, config, static = _ragged_check(*args)
+    geom, config, static = _ragged_check(*args, config=config)
     return geom, config, kernel(scores_factory(), *static), dense(*args[:7])
 
 
@@ -461,11 +464,11 @@ def paged_index_logits(q_codes, q_scales, weights, index_cache, block_tables, kl
     args = (q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
             candidate_block_size, clean)
     if config is not None:
-        static, kargs, _, logits, geom = paged_plan(*args[:7], candidate_blocks=candidate_blocks,
-                                                    candidate_block_size=candidate_block_size, clean=clean,
-                                                    out=out, config=config)
-        check_cuda(q_codes=q_codes, index_cache=index_cache, out=logits)
-        _paged_launch(logits, geom, config, get_kernel(*static), *args[:6], *args[7:])
+        plan_ = _paged_plan(*args, out, config=config)
+        geom = plan_[0]
+        logits = out if out is not None else torch.empty((geom.b, geom.n, max_klen), dtype=torch.float32,
+                                                         device=q_codes.device)
+        _paged_launch(logits, plan_, *args[:6], *args[7:])
         return logits
     if out is None:
         return call_op(_PAGED_OP, _paged_check, *args)
@@ -485,9 +488,10 @@ def ragged_index_logits(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, m
     """
     args = (q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean)
     if config is not None:
-        static, _, _, logits, geom = ragged_plan(*args[:8], clean=clean, out=out, config=config)
-        check_cuda(q_codes=q_codes, k_codes=k_codes, ks=ks, ke=ke, out=logits)
-        _ragged_launch(logits, geom, config, get_kernel(*static), *args[:7], clean)
+        plan_ = _ragged_plan(*args, out, config=config)
+        logits = out if out is not None else torch.empty((plan_[0].t, max_width), dtype=torch.float32,
+                                                         device=q_codes.device)
+        _ragged_launch(logits, plan_, *args[:7], clean)
         return logits
     if out is None:
         return call_op(_RAGGED_OP, _ragged_check, *args)
