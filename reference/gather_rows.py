@@ -30,7 +30,14 @@ def gather_rows_ref(x, index):
 
 
 def gather_rows_torch(x, index):
-    """Vectorized twin of ``gather_rows_ref`` (same bytes; argument checks, no value checks): the
-    ``torch.index_select`` peer of the benchmark."""
+    """Vectorized twin of ``gather_rows_ref`` (same signature, same checks, same bytes)."""
+    n, _, _ = check_gather_rows_args(x, index)
+    check_gather_rows_index(index, n)
+    return torch.index_select(x, 0, index)
+
+
+def gather_rows_torch_unchecked(x, index):
+    """The arithmetic of ``gather_rows_torch`` (host checks only; the caller has checked the index
+    values): the ``torch.index_select`` peer of the benchmark."""
     check_gather_rows_args(x, index)
     return torch.index_select(x, 0, index)

@@ -307,18 +307,24 @@ def _gather_rows(flat, width, rpb, phys, pos):
 
 def paged_index_logits_torch(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, *,
                              candidate_blocks=None, candidate_block_size=None, clean=False, out=None):
-    """Vectorized twin of ``paged_index_logits_ref``. Like the kernel it does not check device values: a
-    column it cannot resolve (block-table entry outside the cache, logical row beyond the table) scores
-    -inf, and klen is cut at max_klen."""
-    return paged_logits_with(key_scores_torch, q_codes, q_scales, weights, index_cache, block_tables, klen,
-                             max_klen, candidate_blocks=candidate_blocks,
-                             candidate_block_size=candidate_block_size, clean=clean, out=out)
+    """Vectorized twin of ``paged_index_logits_ref`` (same signature, same checks, same bits)."""
+    geom = check_paged_args(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen,
+                            candidate_blocks=candidate_blocks, candidate_block_size=candidate_block_size,
+                            clean=clean, out=out)
+    check_paged_values(block_tables, klen, geom, candidate_blocks)
+    return paged_index_logits_torch_unchecked(q_codes, q_scales, weights, index_cache, block_tables, klen,
+                                              max_klen, candidate_blocks=candidate_blocks,
+                                              candidate_block_size=candidate_block_size, clean=clean, out=out)
 
 
-def paged_logits_with(scorer, q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, *,
-                      candidate_blocks=None, candidate_block_size=None, clean=False, out=None):
-    """``paged_index_logits_torch`` with ``scorer`` (``key_scores_torch`` or a torch.compile of it, the
-    benchmark's peer) scoring each chunk of keys."""
+def paged_index_logits_torch_unchecked(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen,
+                                       *, candidate_blocks=None, candidate_block_size=None, clean=False,
+                                       out=None, scorer=None):
+    """The arithmetic of ``paged_index_logits_torch`` (host checks only), with ``scorer``
+    (``key_scores_torch`` when None, or a torch.compile of it: the benchmark's peer) scoring each chunk of
+    keys. Like the kernel it trusts the metadata: a column it cannot resolve (block-table entry outside
+    the cache, logical row beyond the table) scores -inf, and klen is cut at max_klen."""
+    scorer = scorer or key_scores_torch
     geom = check_paged_args(q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen,
                             candidate_blocks=candidate_blocks, candidate_block_size=candidate_block_size,
                             clean=clean, out=out)
@@ -370,16 +376,21 @@ RAGGED_ROWS = 16  # query rows scored together against their keys' union in the 
 
 def ragged_index_logits_torch(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, *,
                               clean=False, out=None):
-    """Vectorized twin of ``ragged_index_logits_ref``; keys outside [0, N) score -inf and widths are cut
-    at max_width (no value check). Rows go in groups of ``RAGGED_ROWS`` against the union of their key
-    ranges (read on the host: a reference may sync)."""
-    return ragged_logits_with(key_scores_torch, q_codes, q_scales, weights, k_codes, k_scales, ks, ke,
-                              max_width, clean=clean, out=out)
+    """Vectorized twin of ``ragged_index_logits_ref`` (same signature, same checks, same bits)."""
+    geom = check_ragged_args(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean=clean,
+                             out=out)
+    check_ragged_values(ks, ke, geom)
+    return ragged_index_logits_torch_unchecked(q_codes, q_scales, weights, k_codes, k_scales, ks, ke,
+                                               max_width, clean=clean, out=out)
 
 
-def ragged_logits_with(scorer, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, *,
-                       clean=False, out=None):
-    """``ragged_index_logits_torch`` with ``scorer`` scoring each group of rows and chunk of keys."""
+def ragged_index_logits_torch_unchecked(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, *,
+                                        clean=False, out=None, scorer=None):
+    """The arithmetic of ``ragged_index_logits_torch`` (host checks only), with ``scorer``
+    (``key_scores_torch`` when None) scoring each group of ``RAGGED_ROWS`` rows against the union of
+    their key ranges (read on the host: a reference may sync). Like the kernel it trusts the metadata:
+    keys outside [0, N) score -inf and widths are cut at max_width."""
+    scorer = scorer or key_scores_torch
     geom = check_ragged_args(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean=clean,
                              out=out)
     dev = q_codes.device

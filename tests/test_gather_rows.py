@@ -84,9 +84,11 @@ def test_bad_arguments_raise(fn, name):
 
 
 @pytest.mark.parametrize("bad", [-1, 4, 1 << 30, -(1 << 31)])
-def test_reference_rejects_out_of_range_index(bad):
+@pytest.mark.parametrize("fn", [gather_rows_ref, gather_rows_torch], ids=lambda f: f.__name__)
+def test_references_reject_out_of_range_index(fn, bad):
+    """The loop reference and the twin read the index values (the wrapper does under the debug switch)."""
     with pytest.raises(ValueError, match=rf"index\[1\]={bad} is outside \[0, 4\)"):
-        gather_rows_ref(bit_rows(4, 16, 0), i32([0, bad, 2]))
+        fn(bit_rows(4, 16, 0), i32([0, bad, 2]))
 
 
 @pytest.mark.parametrize("layout,in_place", [("contiguous", True), ("strided", True), ("odd_stride", False),

@@ -11,6 +11,7 @@ another FP32 order, which may move a code by one step); the chain after the stor
 against the references run on the stored cache.
 """
 
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -195,19 +196,29 @@ def test_paged_bad_arguments_raise_before_anything_is_written(name, over, exc, t
 
 
 @pytest.mark.parametrize("name, over, text", [
-    ("klen above max_klen", dict(klen=torch.full((2, 2), 41, dtype=torch.int32)), "klen"),
-    ("negative klen", dict(klen=torch.full((2, 2), -1, dtype=torch.int32)), "klen"),
-    ("block id beyond the cache", "table", "outside the cache"),
+    ("klen above max_klen", dict(klen=torch.full((2, 2), 41, dtype=torch.int32)), r"klen\[0, 0\] = 41"),
+    ("negative klen", dict(klen=torch.full((2, 2), -1, dtype=torch.int32)), r"klen\[0, 0\] = -1"),
+    ("block id beyond the cache", "table", r"block_tables\[1, 0\] = \d+ .*outside the cache"),
+    ("candidate below -1", "candidates", r"candidate_blocks\[0, 1, 0\] = -2"),
 ])
-def test_paged_reference_value_checks(name, over, text):
+def test_paged_value_checks_name_the_value_and_write_nothing(name, over, text):
+    """The loop reference and the twin read the metadata values (the wrapper does under the debug switch,
+    tests/test_bad_input_gpu.py): the error names the entry and its value, and ``out`` is unchanged."""
     kw = _bad_paged()
     if over == "table":
         kw["block_tables"] = kw["block_tables"].clone()
         kw["block_tables"][1, 0] = kw["index_cache"].shape[0]
+    elif over == "candidates":
+        cand = torch.zeros(2, 2, 3, dtype=torch.int32)
+        cand[0, 1, 0] = -2
+        kw.update(candidate_blocks=cand, candidate_block_size=16)
     else:
         kw.update(over)
-    with pytest.raises(ValueError, match=text):
-        paged_index_logits_ref(**kw)
+    for fn in (paged_index_logits_ref, paged_index_logits_torch):
+        before = kw["out"].clone()
+        with pytest.raises(ValueError, match=text):
+            fn(**kw)
+        assert torch.equal(kw["out"], before), f"{fn.__name__} wrote before raising"
 
 
 def test_ragged_bad_arguments_and_values():
@@ -223,9 +234,19 @@ def test_ragged_bad_arguments_and_values():
         for fn in (ragged_index_logits_ref, ragged_index_logits_torch, ragged_index_logits):
             with pytest.raises(exc, match=text):
                 fn(**{**kw, **over})
-    for over in (dict(ke=kw["ks"] - 1), dict(ke=kw["ke"] + 100), dict(max_width=1, out=None)):
-        with pytest.raises(ValueError, match="ks"):
-            ragged_index_logits_ref(**{**kw, **over})
+    for over in (dict(ke=kw["ks"] - 1), dict(ke=kw["ke"] + 100), dict(max_width=1, out=None),
+                 dict(ks=kw["ks"] - 1 - kw["ks"].max())):
+        bad = {**kw, **over}
+        row = int(((bad["ks"] < 0) | (bad["ke"] < bad["ks"]) | (bad["ke"] > 30)
+                   | (bad["ke"] - bad["ks"] > bad["max_width"])).int().argmax())
+        text = f"row {row}: ks = {int(bad['ks'][row])}, ke = {int(bad['ke'][row])} must satisfy"
+        for fn in (ragged_index_logits_ref, ragged_index_logits_torch):
+            out = bad.get("out")
+            before = None if out is None else out.clone()
+            with pytest.raises(ValueError, match=re.escape(text)):
+                fn(**bad)
+            if out is not None:
+                assert torch.equal(out, before), f"{fn.__name__} wrote before raising"
 
 
 def test_wrappers_need_cuda():
