@@ -64,3 +64,27 @@ def c1_reverse_index(projected_kv, metadata, compress_ratio):
                          f"{index.shape[0]} tokens: the C1 path under context parallelism takes the "
                          f"all-gathered rows of every rank")
     return index
+
+
+def c1_prefill_rows(kv, metadata, is_prefill: bool):
+    """The C1 rows ``kv`` [T, D] bf16 (one per token, in the batch's order) laid out as the metadata's
+    ratio-1 rows: prefill reserves ``max(1, nc)`` rows per request (SPEC 1.2, 3), so a request with no
+    new token (``nc = 0``) gets its zero placeholder row and the rows line up with
+    ``slot_mapping_store_ca["1"]`` and ``compressed_positions["1"]``.
+
+    ``kv`` itself when nothing is reserved beyond the tokens (decode; no ratio-1 rows in the metadata;
+    ``num_rows["1"]`` equal to T, so every request has a token): the row count is a host int of the
+    builder, and the layout is made on the device without a sync."""
+    num_rows = getattr(metadata, "num_rows", None)
+    rows = num_rows.get("1") if is_prefill and isinstance(num_rows, dict) else None
+    if rows is None or rows == kv.shape[0]:
+        return kv
+    nc = getattr(metadata, "num_compressed", {}).get("1")  # [num_reqs] int32: tokens of each request
+    check_tensor("metadata.num_compressed['1']", nc, dtype=torch.int32, ndim=1)
+    nc = nc.to(device=kv.device, dtype=torch.int64)
+    empty = (nc == 0).to(torch.int64)
+    before = torch.cumsum(empty, 0) - empty  # placeholder rows ahead of each request
+    t = torch.arange(kv.shape[0], device=kv.device)
+    dest = t + before[torch.searchsorted(torch.cumsum(nc, 0), t, right=True)]  # a token's row
+    out = torch.zeros(rows, kv.shape[1], dtype=kv.dtype, device=kv.device)
+    return out.index_copy_(0, dest, kv)

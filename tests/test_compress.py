@@ -382,6 +382,26 @@ def test_compress_dispatch_and_c1_bypass():
         compress_ref(c1.float(), None, meta, 1, True)
 
 
+def test_c1_prefill_rows_line_up_with_the_ratio1_metadata():
+    """A prefill request with no new token reserves a ratio-1 placeholder row (SPEC 1.2): the C1 rows come
+    back in the metadata's layout (one row per token, a zero row for each placeholder), so row i goes
+    with slot_mapping_store_ca["1"][i]; without empty requests they are the input itself."""
+    from metadata import SeqMetadata, prepare_tensor_input
+
+    seqs = [SeqMetadata(0, 4, [0], 0), SeqMetadata(2, 2, [1], 1), SeqMetadata(0, 3, [2], 2),
+            SeqMetadata(0, 3, [3], 3), SeqMetadata(1, 6, [4], 4)]
+    meta = prepare_tensor_input(seqs, is_prefill=True, block_size=16, compress_ratios=(1,))
+    x = torch.randn(3, D_CPU).to(torch.bfloat16)
+    got = compress_ref(x, None, meta, 1, True)
+    assert got.shape == (meta.num_rows["1"], D_CPU) == (6, D_CPU)
+    zero = torch.zeros(D_CPU, dtype=torch.bfloat16)
+    want = torch.stack([zero, x[0], x[1], zero, zero, x[2]])
+    compare_bitwise("c1 rows", got, want).check()
+    assert meta.slot_mapping_store_ca["1"].tolist() == [-1, 16, 17, -1, -1, 69]
+    full = prepare_tensor_input(seqs[1:2] + seqs[4:], is_prefill=True, block_size=16, compress_ratios=(1,))
+    assert compress_ref(x, None, full, 1, True) is x
+
+
 def test_compress_with_builder_metadata():
     """The metadata builder's InputMetadata drives prefill and decode (duck-typed, imported here)."""
     pti = pytest.importorskip("metadata.prepare_tensor_input")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from metadata import InputMetadata, SeqMetadata, prepare_tensor_input
+from metadata.gather_rows_args import c1_prefill_rows
 from metadata.prepare_tensor_input import mirror_cp_chunks
 from tilelang_ops.testing import Comparison, compare_bitwise
 
@@ -126,13 +127,14 @@ def _swap_two(index: torch.Tensor) -> torch.Tensor:
 
 
 def check_c1(x: torch.Tensor, single: InputMetadata, outs) -> list[Comparison]:
-    """The C1 outputs of ranks ``outs`` ((metadata, output) each) against the single-process rows
-    (bitwise: a copy), and their C1 row metadata (``C1_ROW_FIELDS`` concatenated: the rows the store
-    writes) against the single-process metadata (bitwise: indices). Coordinates start with the rank's
-    place in ``outs``."""
+    """The C1 outputs of ranks ``outs`` ((metadata, output) each) against the single-process rows ``x``
+    laid out as its ratio-1 rows (a zero placeholder row for a request with no token; bitwise: a copy),
+    and their C1 row metadata (``C1_ROW_FIELDS`` concatenated: the rows the store writes) against the
+    single-process metadata (bitwise: indices). Coordinates start with the rank's place in ``outs``."""
     ranks = ",".join(str(meta.cp_rank) for meta, _ in outs)
     got = torch.stack([out.cpu() for _, out in outs])
-    rows = compare_bitwise(f"c1 rows, ranks {ranks}", got, x.cpu().expand_as(got))
+    want = c1_prefill_rows(x.cpu(), single, True)
+    rows = compare_bitwise(f"c1 rows, ranks {ranks}", got, want.expand(len(outs), *want.shape))
     got = torch.stack([torch.cat([getattr(meta, f)["1"].cpu() for f in C1_ROW_FIELDS]) for meta, _ in outs])
     want = torch.cat([getattr(single, f)["1"] for f in C1_ROW_FIELDS])
     return [rows, compare_bitwise(f"c1 row metadata, ranks {ranks}", got, want.expand_as(got))]
