@@ -39,6 +39,7 @@ from metadata.cache_engine import min_ring_size
 from metadata.cache_format import slot_location
 from reference.kv_store import dequantize_rows
 from tilelang_ops.testing import bad_input as B
+from tilelang_ops.testing.torch_ops import OP_CASES
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
@@ -310,6 +311,54 @@ def slots_unallocated(data, call):
                   ["is not an allocated block", "block_tables[0, "])
 
 
+def gather_index(data, call):
+    index = call["index"].clone()
+    n = call["x"].shape[0]
+    i = data.draw(st.integers(0, index.shape[0] - 1), label="i")
+    v = data.draw(st.one_of(st.integers(INT32_MIN, -1), st.integers(n, INT32_MAX)), label="v")
+    index[i] = v
+    return Broken(call.with_(index=index), ValueError, [f"index[{i}]={v}"])
+
+
+def paged_klen(data, call):
+    klen = call["klen"].clone()
+    r = data.draw(st.integers(0, klen.shape[0] - 1), label="r")
+    t = data.draw(st.integers(0, klen.shape[1] - 1), label="t")
+    v = data.draw(st.one_of(st.integers(INT32_MIN, -1), st.integers(call["max_klen"] + 1, INT32_MAX)),
+                  label="klen")
+    klen[r, t] = v
+    # the first bad entry in row-major order is the one named
+    return Broken(call.with_(klen=klen), ValueError, [f"klen[{r}, {t}] = {v}"])
+
+
+def paged_table(data, call):
+    table, klen = call["block_tables"].clone(), call["klen"]
+    blocks = call["index_cache"].shape[0]
+    r = data.draw(st.integers(0, table.shape[0] - 1), label="r")
+    table[r, 0] = data.draw(st.one_of(st.integers(INT32_MIN, -1), st.integers(blocks, INT32_MAX)), label="v")
+    klen = klen.clone()
+    klen[r, 0] = max(int(klen[r, 0]), 1)  # the row reads block 0 of its table
+    return Broken(call.with_(block_tables=table, klen=klen), ValueError,
+                  [f"= {int(table[r, 0])}", "outside the cache"])
+
+
+def ragged_range(data, call):
+    ks, ke = call["ks"].clone(), call["ke"].clone()
+    n = call["k_codes"].shape[0]
+    t = data.draw(st.integers(0, ks.shape[0] - 1), label="t")
+    how = data.draw(st.sampled_from(["ks below 0", "ke below ks", "ke beyond N"]), label="how")
+    if how == "ks below 0":
+        ks[t] = data.draw(st.integers(INT32_MIN, -1), label="ks")
+    elif how == "ke below ks":
+        ke[t] = int(ks[t]) - data.draw(st.integers(1, 5), label="by")
+    else:
+        ke[t] = data.draw(st.integers(n + 1, INT32_MAX), label="ke")
+    bad = (ks < 0) | (ke < ks) | (ke > n) | (ke.long() - ks.long() > call["max_width"])
+    first = int(bad.int().argmax())
+    return Broken(call.with_(ks=ks, ke=ke), ValueError,
+                  [f"row {first}: ks = {int(ks[first])}, ke = {int(ke[first])}"])
+
+
 # ----------------------------------------------------------------------------------------------
 # the entry points
 # ----------------------------------------------------------------------------------------------
@@ -409,6 +458,26 @@ SPECS = [
              shaped=("end",), host=[not_int("k"), not_int("block_size_c"),
                                     int_outside("block_size_c", st.integers(-5, 0))],
              values=[end_beyond_row, slots_short_table, slots_unallocated]),
+    *_family("gather_rows", "reference.gather_rows", "gather_rows_ref", "gather_rows_torch",
+             "tilelang_ops.gather_rows", "gather_rows", build=lambda: OP_CASES["gather_rows"].call("cpu"),
+             tensors=dict(x=(torch.bfloat16,), index=(I32,)), values=[gather_index]),
+    *_family("quantize_index_rows", "reference.index_logits", "quantize_index_rows_ref",
+             "quantize_index_rows_torch", "tilelang_ops.index_logits", "quantize_index_rows",
+             build=lambda: OP_CASES["quantize_index_rows"].call("cpu"), tensors=dict(x=(torch.bfloat16,))),
+    *_family("paged_index_logits", "reference.index_logits", "paged_index_logits_ref",
+             "paged_index_logits_torch", "tilelang_ops.index_logits", "paged_index_logits",
+             build=lambda: OP_CASES["paged_index_logits_out"].call("cpu"),
+             tensors=dict(q_codes=(torch.uint8,), q_scales=(torch.uint8,), weights=(torch.float32,),
+                          index_cache=(torch.uint8,), block_tables=(I32,), klen=(I32,),
+                          out=(torch.float32,)),
+             host=[not_int("max_klen"), not_bool("clean")], values=[paged_klen, paged_table]),
+    *_family("ragged_index_logits", "reference.index_logits", "ragged_index_logits_ref",
+             "ragged_index_logits_torch", "tilelang_ops.index_logits", "ragged_index_logits",
+             build=lambda: OP_CASES["ragged_index_logits_out"].call("cpu"),
+             tensors=dict(q_codes=(torch.uint8,), q_scales=(torch.uint8,), weights=(torch.float32,),
+                          k_codes=(torch.uint8,), k_scales=(torch.uint8,), ks=(I32,), ke=(I32,),
+                          out=(torch.float32,)),
+             shaped=("ks", "ke"), host=[not_int("max_width"), not_bool("clean")], values=[ragged_range]),
 ]
 
 
@@ -417,8 +486,10 @@ SPECS = [
 @given(data=st.data())
 def test_malformed_call_raises_and_writes_nothing(spec: Spec, data):
     call = spec.build()
-    kinds = ["dtype", "type", "device"] + (["length"] if spec.shaped else []) + ["host"] * bool(spec.host) \
-        + ["value"] * bool(spec.values)
+    # a device mismatch needs two tensors read (a single input has no other device to differ from)
+    apart = len([n for n in spec.tensors if n not in call.writes]) > 1
+    kinds = ["dtype", "type"] + ["device"] * apart + (["length"] if spec.shaped else []) \
+        + ["host"] * bool(spec.host) + ["value"] * bool(spec.values)
     kind = data.draw(st.sampled_from(kinds), label="kind")
     if kind == "dtype":
         broken = break_dtype(data, call, spec.tensors)
