@@ -1,10 +1,21 @@
-"""python -m benchmarks [OP ...]: run the benchmark modules (all by default) on CUDA.
+"""python -m benchmarks [OP ...] [--sweep] [--sweep-formats F,...] [--cases C,...]: run the benchmark
+modules (all by default) on CUDA.
 
 Prints a table and one BENCH line per case, writes them to bench_results/latest.txt, and merges each
 operator's records into bench_results/<device>.jsonl (+ its plot) as soon as its module finishes.
 ``python -m benchmarks --plot FILE.jsonl`` redraws a plot from a results file.
+
+Options (``make bench BENCH_ARGS="..."`` passes them on). Each goes, as a keyword of ``run(h, ...)``, to the
+modules of ``MODULE_OPTIONS`` that take it; an option that no chosen module takes is an error:
+
+    --sweep               kv_store, compress_store: also time the configs of their tuning sweeps (lines
+                          ``SWEEP <op> ...``: tuning data for the default configs, not BENCH lines)
+    --sweep-formats F,..  kv_store: sweep only these formats (fp8_main, fp4_main, fp4_index, bf16);
+                          implies --sweep
+    --cases C,..          compress_store: only the cases whose id contains one of these (e.g. b1q1,b64q6)
 """
 
+import argparse
 import datetime
 import importlib
 import json
@@ -17,22 +28,51 @@ from benchmarks.harness import RESULTS_DIR, Harness, current_commit, device_slug
 from benchmarks.results import plot, save
 
 BENCH_MODULES = ("compress", "kv_store", "compress_store", "topk", "gather_rows", "index_logits", "host")
+# the command-line options each module's run(h, ...) takes as keywords (the others take the harness alone)
+MODULE_OPTIONS = {"kv_store": ("sweep", "sweep_formats"), "compress_store": ("sweep", "cases")}
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n for n in text.split(",") if n)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Time each operator's kernels beside their peers and the copy roofline (CUDA).",
+        epilog=f"operators: {', '.join(BENCH_MODULES)}")
+    p.add_argument("ops", nargs="*", metavar="OP", help="benchmark modules to run (default: all)")
+    p.add_argument("--plot", metavar="FILE", help="redraw the plot of a results file (.jsonl) and exit")
+    p.add_argument("--sweep", action="store_true",
+                   help="kv_store, compress_store: also time the configs of their tuning sweeps")
+    p.add_argument("--sweep-formats", type=_names, default=None, metavar="F,...",
+                   help="kv_store: sweep only these cache formats (implies --sweep)")
+    p.add_argument("--cases", type=_names, default=None, metavar="C,...",
+                   help="compress_store: only the cases whose id contains one of these substrings")
+    return p
 
 
 def main(argv):
-    if argv[:1] == ["--plot"]:
-        with open(argv[1]) as f:
+    args = _parser().parse_intermixed_args(argv)
+    if args.plot is not None:
+        with open(args.plot) as f:
             records = [json.loads(line) for line in f if line.strip()]
-        png = os.path.splitext(argv[1])[0] + ".png"
+        png = os.path.splitext(args.plot)[0] + ".png"
         return 0 if plot(records, png) else 1
-    if not torch.cuda.is_available():
-        print("make bench needs CUDA; no GPU here, nothing was timed.")
-        return 0
-    unknown = [a for a in argv if a not in BENCH_MODULES]
+    unknown = [a for a in args.ops if a not in BENCH_MODULES]
     if unknown:
         print(f"unknown benchmark(s) {unknown}; known: {list(BENCH_MODULES)}")
         return 2
-    wanted = argv or list(BENCH_MODULES)
+    wanted = args.ops or list(BENCH_MODULES)
+    options = {"sweep": args.sweep, "sweep_formats": args.sweep_formats, "cases": args.cases}
+    for key, value in options.items():
+        takers = [op for op, keys in MODULE_OPTIONS.items() if key in keys]
+        if value and not any(op in takers for op in wanted):
+            print(f"--{key.replace('_', '-')} applies to {', '.join(takers)} only")
+            return 2
+    if not torch.cuda.is_available():
+        print("make bench needs CUDA; no GPU here, nothing was timed.")
+        return 0
     # Every case is a new static shape for the torch.compile peers: without a higher limit dynamo
     # stops recompiling after 8 and silently runs later cases eagerly (the "compile" column would
     # then time eager code).
@@ -43,7 +83,8 @@ def main(argv):
     h.measure_roofline()
     slug, commit, date = device_slug(name), current_commit(), datetime.date.today().isoformat()
     for op in wanted:
-        importlib.import_module(f"benchmarks.bench_{op}").run(h)
+        kw = {key: options[key] for key in MODULE_OPTIONS.get(op, ())}
+        importlib.import_module(f"benchmarks.bench_{op}").run(h, **kw)
         path = save(h.records(slug, commit, date), slug)  # an operator's records are kept once it finishes
     table = h.table()
     print("\n" + table)

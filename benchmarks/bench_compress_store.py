@@ -5,11 +5,13 @@ Bytes (what a perfect fused kernel must move): projected_kv read + ring entries 
 began before the step) + ring entries written + cache rows written (stored rows x fmt.row_bytes) +
 out_norm written (rows x D x 2). The two-kernel pipeline additionally writes and re-reads the BF16
 rows. Metadata comes from the builder; the ring is the engine's default (7 for C2).
+
+``run(h, sweep=True)`` (``python -m benchmarks compress_store --sweep``) also times the prefill kernel at the
+launch shapes of ``PREFILL_SWEEP`` on 1M FP8 tokens (lines ``SWEEP compress_store ...``: tuning data, not
+BENCH lines); ``cases=("b1q1", ...)`` (``--cases b1q1,...``) runs only the cases whose id contains one.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -35,8 +37,6 @@ PREFILL_CASES = {"tokens1048576_fp8": (256, FP8_MAIN_KV_FORMAT, False),
                  "tokens65536_fp4": (16, FP4_MAIN_KV_FORMAT, False)}
 DECODE_CASES = {"b1q1_fp8": (1, 1), "b64q6_fp8": (64, 6), "b4096q6_fp8": (4096, 6)}
 TINY_TOKENS = 512  # at or below this many query tokens, time CUDA-graph replays (launch-bound)
-# COMPRESS_STORE_SWEEP=1 also times the prefill kernel at the launch shapes of PREFILL_SWEEP (tuning data,
-# not reported as BENCH lines) on 1M FP8 tokens.
 
 
 def _case(h, case, args, kw, nbytes, fused, two_kernel, twin, compiled, tiny):
@@ -51,7 +51,7 @@ def _case(h, case, args, kw, nbytes, fused, two_kernel, twin, compiled, tiny):
              peers={k: v for k, v in peers.items() if v is not None} or None)
 
 
-def run(h: Harness) -> None:
+def run(h: Harness, sweep: bool = False, cases: tuple[str, ...] | None = None) -> None:
     from tilelang_ops.compress_store import (
         compress_store_decode,
         compress_store_prefill,
@@ -59,12 +59,12 @@ def run(h: Harness) -> None:
         two_kernel_prefill,
     )
 
-    if os.environ.get("COMPRESS_STORE_SWEEP", "0") == "1":
-        sweep()
+    if sweep:
+        run_sweep()
     # the twin peers time the twins' arithmetic alone; each case is validated once by the checked twin
     cp = compile_peer(compress_store_prefill_torch_unchecked)
     cd = compile_peer(compress_store_decode_torch_unchecked)
-    only = [c for c in os.environ.get("COMPRESS_STORE_CASES", "").split(",") if c]  # e.g. "b1q1,b64q6"
+    only = cases or ()
     for case, (num_reqs, fmt, norm) in PREFILL_CASES.items():
         if only and not any(o in case for o in only):
             continue
@@ -85,8 +85,8 @@ def run(h: Harness) -> None:
         torch.cuda.empty_cache()
 
 
-def sweep() -> None:
-    """The prefill kernel at every config of PREFILL_SWEEP (COMPRESS_STORE_SWEEP=1)."""
+def run_sweep() -> None:
+    """The prefill kernel at every config of PREFILL_SWEEP (``--sweep``)."""
     from tilelang_ops.compress_store import compress_store_prefill
 
     args, kw, nbytes = _prefill(256, FP8_MAIN_KV_FORMAT, norm=False)

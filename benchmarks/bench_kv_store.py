@@ -9,12 +9,11 @@ FP4 index row's 4 scale bytes cover only part of a 32-byte sector, and with rand
 of that sector is written much later, after the sector has left L2 (a partial-sector write back).
 
 Peer ``plain``: the kernel with every option off at 5 CTAs per SM (``plain_config``), what the options buy.
-KV_STORE_SWEEP=1 also times the configs of ``SWEEP`` at 1M rows (KV_STORE_SWEEP=fp4_main,...: those
-formats only; lines ``SWEEP kv_store ...``: tuning data for ``DEFAULT_CONFIGS``, not reported)."""
+``run(h, sweep=True)`` (``python -m benchmarks kv_store --sweep``) also times the configs of ``SWEEP`` at 1M
+rows (``sweep_formats=("fp4_main", ...)``, ``--sweep-formats fp4_main,...``: those formats only; lines
+``SWEEP kv_store ...``: tuning data for ``DEFAULT_CONFIGS``, not reported)."""
 
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -41,9 +40,12 @@ def plain_config(fmt, rows):
     return launch_config(fmt, rows).replace(min_ctas=5, **_OFF)
 
 
-def run(h: Harness) -> None:
+def run(h: Harness, sweep: bool = False, sweep_formats: tuple[str, ...] | None = None) -> None:
     from tilelang_ops.kv_store import norm_rope_hadamard_cast_store
 
+    unknown = sorted(set(sweep_formats or ()) - set(SWEEP))
+    if unknown:  # before the cases, which take minutes
+        raise ValueError(f"kv_store sweep: unknown format(s) {unknown}; known: {list(SWEEP)}")
     compiled = compile_peer(norm_rope_hadamard_cast_store_torch_unchecked)
     for fmt, hadamard in FORMATS:
         for rows, order in ((r, o) for r in ROWS for o in ORDERS.get(r, ("paged",))):
@@ -65,8 +67,8 @@ def run(h: Harness) -> None:
                      peers=peers)
             del kv, cache
             torch.cuda.empty_cache()
-    if os.environ.get("KV_STORE_SWEEP", "0") != "0":
-        sweep(None if os.environ["KV_STORE_SWEEP"] == "1" else os.environ["KV_STORE_SWEEP"].split(","))
+    if sweep or sweep_formats:
+        run_sweep(sweep_formats or None)
 
 
 def _sweep_configs(name):
@@ -81,9 +83,9 @@ def _sweep_configs(name):
 SWEEP = {fmt.name: _sweep_configs(fmt.name) for fmt, _ in FORMATS}
 
 
-def sweep(names=None) -> None:
+def run_sweep(names=None) -> None:
     """The configs of SWEEP at 1M rows (kernels compiled first, in parallel processes), for the formats
-    named in ``names`` (KV_STORE_SWEEP=fp4_main,...; None: every format)."""
+    named in ``names`` (None: every format)."""
     from tilelang_ops.build import compile_in_processes
     from tilelang_ops.kv_store import norm_rope_hadamard_cast_store, static_args
 

@@ -3,7 +3,8 @@ compare them bitwise with the vectorized twins (tested equal to the loop referen
 (n 1-8, H 32 / 64, cache blocks of 64 / 16 / 5 rows (4-byte copies), klen patterns, garbage beyond the keys,
 clean), candidate restriction (bs 8 / 16, -1 blocks), ragged prefill (causal, several sequences, random and
 empty ranges), every value distribution (wide blocks take the general path), several launch configurations
-and scheduler seeds. ``--mutate "old=>new"`` (via fiber_emu's EMU_MUTATE) checks that a broken source fails.
+and scheduler seeds. ``--mutate "old=>new"`` (patched into every kernel that holds ``old``) checks that a
+broken source fails.
 
     PYTHONPATH=. .venv/bin/python tools/check_index_logits_emu.py [case-substring ...] [--seeds 0,1]
         [--schedule warps]
@@ -70,22 +71,23 @@ CASES = [
 ]
 
 
-def run_quantize(seed, schedule="random"):
+def run_quantize(seed, schedule="random", mutate=None):
     g = torch.Generator().manual_seed(seed)
     x = torch.cat([index_values(24, d, g) for d in DISTS]).to(torch.bfloat16).reshape(2, -1, 128)
-    got, want = emulate_quantize(x, seed=seed, schedule=schedule), quantize_index_rows_torch(x)
+    got, want = emulate_quantize(x, seed=seed, schedule=schedule, mutate=mutate), quantize_index_rows_torch(x)
     return [compare_bitwise("codes", got[0], want[0]), compare_bitwise("scales", got[1], want[1])]
 
 
-def run_case(case, config, seed, schedule="random"):
+def run_case(case, config, seed, schedule="random", mutate=None):
+    emu = dict(config=config, seed=seed, schedule=schedule, mutate=mutate)
     if isinstance(case, PagedCase):
         kw = make_paged_inputs(case)
         want = paged_index_logits_torch(**{**kw, "out": kw["out"].clone()})
-        got = emulate_paged(**{**kw, "out": kw["out"].clone()}, config=config, seed=seed, schedule=schedule)
+        got = emulate_paged(**{**kw, "out": kw["out"].clone()}, **emu)
     else:
         kw = make_ragged_inputs(case)
         want = ragged_index_logits_torch(**{**kw, "out": kw["out"].clone()})
-        got = emulate_ragged(**{**kw, "out": kw["out"].clone()}, config=config, seed=seed, schedule=schedule)
+        got = emulate_ragged(**{**kw, "out": kw["out"].clone()}, **emu)
     return [compare_bitwise("logits", got, want)]
 
 
@@ -93,12 +95,11 @@ def main(argv):
     ap = argparse.ArgumentParser()
     ap.add_argument("only", nargs="*")
     ap.add_argument("--seeds", default="0")
-    ap.add_argument("--mutate", default=None)
+    ap.add_argument("--mutate", default=None, metavar="OLD=>NEW",
+                    help="patch every generated source that holds OLD (a broken kernel must fail)")
     ap.add_argument("--schedule", default="random", choices=SCHEDULES,
                     help="fiber_emu's scheduler: random, or warp-serial (exposes races between barriers)")
     a = ap.parse_args(argv)
-    if a.mutate:
-        os.environ["EMU_MUTATE"], os.environ["EMU_MUTATE_ANY"] = a.mutate, "1"
     failed = 0
     for seed in [int(s) for s in a.seeds.split(",")]:
         jobs = [("quantize", None, None)] + [(c.id, c, cfg) for c, cfg in CASES]
@@ -106,7 +107,8 @@ def main(argv):
             if a.only and not any(o in name for o in a.only):
                 continue
             t0 = time.time()
-            comps = run_quantize(seed, a.schedule) if case is None else run_case(case, cfg, seed, a.schedule)
+            comps = (run_quantize(seed, a.schedule, a.mutate) if case is None
+                     else run_case(case, cfg, seed, a.schedule, a.mutate))
             bad = [c for c in comps if not c.passed]
             failed += bool(bad)
             print(f"{'FAIL' if bad else 'ok  '} {name} seed {seed} ({time.time() - t0:.1f} s)"

@@ -9,7 +9,8 @@ Sets: small (short tier), mid (32768 tier), long (uncached rows), big (128K-1M r
 / too low, candidates beyond the capacity, 50-way ties, k = 1, k = row), misc (options, offsets, strides,
 fused slots), bmax (block max, NaN payloads), smoke (one small case of each kernel: what
 tests/test_topk.py runs). `--mutate "old=>new"` patches the generated source once (a broken kernel must
-be caught). `--threads T` / `--split S` / `--stream` replace those knobs of every row-kernel launch.
+be caught). `--threads T` / `--split S` / `--stream` replace those knobs of every row-kernel launch. From
+Python, an `EmuSetup` carries these choices (and the `--sms` device) into `run_case`, `misc`, `smoke`.
 
     PYTHONPATH=. .venv/bin/python tools/check_topk_emu.py [--seeds 0,1] [--schedule warps] [--mutate S] [--sms N]
         [--threads T] [--split S] [--stream] [set ...]
@@ -18,7 +19,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
@@ -97,13 +98,15 @@ _KERNELS = {}
 
 
 def topk_emu_kernel(static: tuple, n: int, config: TopkConfig, seed: int = 0,
-                    schedule: str = "random") -> EmuKernel:
+                    schedule: str = "random", mutate: str | None = None) -> EmuKernel:
     """The emulated top-k kernel of `config` for rows of n entries (static: as for kernel_for), run with the
-    scheduler `schedule` (fiber_emu: "random" or "warps") seeded by `seed`."""
+    scheduler `schedule` (fiber_emu: "random" or "warps") seeded by `seed`; `mutate` ("old=>new") patches
+    its generated source once (fiber_emu.build)."""
     factory, args = kernel_for(static, n, config)
-    key = (config.kernel, args)
+    key = (config.kernel, args, mutate)
     if key not in _KERNELS:
-        kern = EmuKernel(_emu_source(lower_source(factory, args)), f"topk_{config.kernel}", ORDER, SHAPES)
+        kern = EmuKernel(_emu_source(lower_source(factory, args)), f"topk_{config.kernel}", ORDER, SHAPES,
+                         mutate=mutate)
         if config.kernel == "warp":
             rpc = config.rows_per_cta
             kern.threads, kern.cluster = rpc * 32, 1
@@ -123,7 +126,7 @@ def _zeros(dtype, shape=(1,)):
 
 def emu_topk(x, k, *, end=None, sorted=False, indices_type=torch.int32, idx_oob_fill_value=-1,
              value_oob_fill_value=float("-inf"), output_idx_offset=None, return_value=True, config, seed=0,
-             sorted_index=False, schedule="random"):
+             sorted_index=False, schedule="random", mutate=None):
     """tilelang_ops.topk.topk on the emulator (CPU tensors): the wrapper's launch with `config`."""
     b, n = x.shape
     need_values = return_value or sorted
@@ -133,7 +136,7 @@ def emu_topk(x, k, *, end=None, sorted=False, indices_type=torch.int32, idx_oob_
     static = (TORCH_TO_TL[x.dtype], TORCH_TO_TL[indices_type], TORCH_TO_TL[off_dtype], need_values,
               output_idx_offset is not None, int(idx_oob_fill_value), exact_fill(value_oob_fill_value), "topk", 0, 1)
     flat, ld = flat_scores(x)
-    topk_emu_kernel(static, n, config, seed, schedule)(
+    topk_emu_kernel(static, n, config, seed, schedule, mutate)(
         flat.contiguous(), end if end is not None else _zeros(torch.int32),
         output_idx_offset if output_idx_offset is not None else _zeros(off_dtype),
         _zeros(torch.int32, (b, 1)), _zeros(torch.int32, (b, 1)),
@@ -144,7 +147,7 @@ def emu_topk(x, k, *, end=None, sorted=False, indices_type=torch.int32, idx_oob_
 
 
 def emu_topk_to_slots(x, k, *, end=None, candidate_blocks=None, candidate_block_size=None, block_size_c,
-                      block_tables, config, seed=0, schedule="random"):
+                      block_tables, config, seed=0, schedule="random", mutate=None):
     """tilelang_ops.topk.topk_to_slots on the emulator (CPU tensors): the wrapper's launch with `config`."""
     b, n = x.shape
     slots = torch.empty((b, k), dtype=torch.int32)
@@ -152,7 +155,7 @@ def emu_topk_to_slots(x, k, *, end=None, candidate_blocks=None, candidate_block_
               candidate_block_size or 0, block_size_c)
     flat, ld = flat_scores(x)
     cand = candidate_blocks if candidate_blocks is not None else _zeros(torch.int32, (b, 1))
-    topk_emu_kernel(static, n, config, seed, schedule)(
+    topk_emu_kernel(static, n, config, seed, schedule, mutate)(
         flat.contiguous(), end if end is not None else _zeros(torch.int32), _zeros(torch.int32), cand,
         block_tables, _zeros(x.dtype, (1, 1)), slots, n, ld, int(end is not None))
     return slots
@@ -161,14 +164,15 @@ def emu_topk_to_slots(x, k, *, end=None, candidate_blocks=None, candidate_block_
 _BMAX = {}
 
 
-def emu_block_max(x, block_size, end=None):
+def emu_block_max(x, block_size, end=None, mutate=None):
     """tilelang_ops.topk.block_max_scores on the emulator (CPU tensors)."""
-    key = (block_size, TORCH_TO_TL[x.dtype])
+    static = (block_size, TORCH_TO_TL[x.dtype])
+    key = (*static, mutate)
     if key not in _BMAX:
-        src = lower_source(block_max_kernel, key)
-        kern = EmuKernel(src, f"bmax{block_size}{key[1]}", ["scores", "end", "out", "n", "ld", "has_end"],
+        src = lower_source(block_max_kernel, static)
+        kern = EmuKernel(src, f"bmax{block_size}{static[1]}", ["scores", "end", "out", "n", "ld", "has_end"],
                          {"total": ("scores", None), "nb_end": ("end", None), "b": ("out", 0),
-                          "nblk": ("out", 1)})
+                          "nblk": ("out", 1)}, mutate=mutate)
         kern.threads = 256
         kern.grid_of = lambda kw: ((kw["out"].shape[1] + 255) // 256, kw["out"].shape[0])
         _BMAX[key] = kern
@@ -180,22 +184,37 @@ def emu_block_max(x, block_size, end=None):
     return out
 
 
-# the launch rule's device, and knobs that replace the rule's choice (command line)
-DEVICE = {"sms": 132, "l2": 60 << 20}
-OVERRIDE = {}
+@dataclass(frozen=True)
+class EmuSetup:
+    """What the checks emulate (the command line's choices): the launch rule's device (`sms` SMs, an `l2`
+    of that many bytes), knobs that replace the rule's choice on row-kernel launches (`threads`, `split`,
+    `stream`; 0 / False: the rule's), and `mutate` ("old=>new": patched once into the generated source of
+    every kernel the checks build)."""
+    sms: int = 132
+    l2: int = 60 << 20
+    threads: int = 0
+    split: int = 0
+    stream: bool = False
+    mutate: str | None = None
+
+    def override(self) -> dict:
+        return {k: v for k, v in (("stream", self.stream), ("threads", self.threads), ("split", self.split)) if v}
 
 
-def config_of(case) -> TopkConfig:
-    """The case's config, else the launch rule's for DEVICE (with OVERRIDE's knobs on row launches)."""
+DEFAULT_SETUP = EmuSetup()  # the launch rule on the H200 (132 SMs), no knob replaced, no mutation
+
+
+def config_of(case, setup: EmuSetup = DEFAULT_SETUP) -> TopkConfig:
+    """The case's config, else the launch rule's for setup's device (with its knobs on row launches)."""
     if case.config is not None:
         return case.config
-    config = topk_config(case.b, case.n, 4 if case.dtype == "fp32" else 2, DEVICE["sms"], DEVICE["l2"])
-    if config.kernel == "row" and OVERRIDE:
-        config = replace(config, **OVERRIDE)
+    config = topk_config(case.b, case.n, 4 if case.dtype == "fp32" else 2, setup.sms, setup.l2)
+    if config.kernel == "row" and setup.override():
+        config = replace(config, **setup.override())
     return config
 
 
-def run_case(case, seed=0, schedule="random"):
+def run_case(case, seed=0, schedule="random", setup: EmuSetup = DEFAULT_SETUP):
     """(indices, values) comparisons of one case on the emulator against the twin."""
     dtype = torch.float32 if case.dtype == "fp32" else torch.bfloat16
     x = make_scores(case.dist, case.b, case.n, dtype)
@@ -203,7 +222,8 @@ def run_case(case, seed=0, schedule="random"):
     if end is not None:
         x = poison_beyond_end(x, end)
     kw = dict(end=end, sorted=case.mode == "sorted", sorted_index=case.mode == "sorted_index")
-    v, i = emu_topk(x, case.k, **kw, config=config_of(case), seed=seed, schedule=schedule)
+    v, i = emu_topk(x, case.k, **kw, config=config_of(case, setup), seed=seed, schedule=schedule,
+                    mutate=setup.mutate)
     rv, ri = topk_torch(x, case.k, **kw)
     if case.mode == "any":
         v, i = as_pairs_by_index(v, i)
@@ -264,7 +284,7 @@ SETS = {
 }
 
 
-def misc(seed=0, schedule="random"):
+def misc(seed=0, schedule="random", setup: EmuSetup = DEFAULT_SETUP):
     """Options, fills, offsets, non-contiguous rows and the fused slots path (both modes)."""
 
     out = []
@@ -274,8 +294,8 @@ def misc(seed=0, schedule="random"):
     off = torch.arange(6, dtype=torch.int64) * 100000
     kw = dict(end=end, indices_type=torch.int64, idx_oob_fill_value=-9, value_oob_fill_value=7.5,
               output_idx_offset=off, sorted_index=True)
-    v, i = emu_topk(x, 300, **kw, config=config_of(GpuCase("few", 6, 4000, 300)), seed=seed,
-                    schedule=schedule)
+    v, i = emu_topk(x, 300, **kw, config=config_of(GpuCase("few", 6, 4000, 300), setup), seed=seed,
+                    schedule=schedule, mutate=setup.mutate)
     rv, ri = topk_torch(x.contiguous(), 300, **kw)
     out += [compare_bitwise("opt indices", i, ri), compare_bitwise("opt values", v, rv)]
     # long non-contiguous rows with offsets (the uncached tier)
@@ -284,18 +304,19 @@ def misc(seed=0, schedule="random"):
     end = make_end("random", 3, 45000, 2048)
     off = torch.arange(3, dtype=torch.int32) * 7
     kw = dict(end=end, output_idx_offset=off, sorted=True)
-    v, i = emu_topk(x, 2048, **kw, config=config_of(GpuCase("randn", 3, 45000, 2048)), seed=seed,
-                    schedule=schedule)
+    v, i = emu_topk(x, 2048, **kw, config=config_of(GpuCase("randn", 3, 45000, 2048), setup), seed=seed,
+                    schedule=schedule, mutate=setup.mutate)
     rv, ri = topk_torch(x.contiguous(), 2048, **kw)
     out += [compare_bitwise("long indices", i, ri), compare_bitwise("long values", v, rv)]
     for with_c, (dist, n, k) in ((False, ("randn", 40000, 2048)), (True, ("few", 4096, 512)),
                                  (True, ("randn", 30000, 2048)), (False, ("conc", 32768, 2048)),
                                  (False, ("special", 4096, 512))):
-        out.append(slots_case(dist, 3, n, k, with_c, config_of(GpuCase(dist, 3, n, k)), seed, schedule))
+        out.append(slots_case(dist, 3, n, k, with_c, config_of(GpuCase(dist, 3, n, k), setup), seed, schedule,
+                              setup.mutate))
     return out
 
 
-def slots_case(dist, b, n, k, with_c, config, seed=0, schedule="random"):
+def slots_case(dist, b, n, k, with_c, config, seed=0, schedule="random", mutate=None):
     """The fused slots path on the emulator against the twin's top-k and the loop restore / convert."""
     from reference.topk import convert_kv_index_ref_, restore_candidate_indices_ref_
 
@@ -309,7 +330,7 @@ def slots_case(dist, b, n, k, with_c, config, seed=0, schedule="random"):
         torch.int32) if with_c else None
     got = emu_topk_to_slots(x, k, end=end, candidate_blocks=blocks, candidate_block_size=bs if with_c else None,
                             block_size_c=bc, block_tables=table, config=config, seed=seed,
-                            schedule=schedule)
+                            schedule=schedule, mutate=mutate)
     _, idx = topk_torch(x, k, end=end)
     if with_c:
         restore_candidate_indices_ref_(idx, blocks, bs)
@@ -317,20 +338,21 @@ def slots_case(dist, b, n, k, with_c, config, seed=0, schedule="random"):
     return compare_bitwise(f"slots {dist} n{n} cand={with_c} {config}", got, want)
 
 
-def bmax_case(dtype, dist, b=7, n=1000, block_sizes=(8, 16, 7)):
+def bmax_case(dtype, dist, b=7, n=1000, block_sizes=(8, 16, 7), mutate=None):
     x = make_scores(dist, b, n, dtype)
     end = make_end("random", b, n, 0)
     end[1] = 0
     x = with_nan_payloads(poison_beyond_end(x, end), step=37)
-    out = [compare_bitwise(f"block_max {dtype} {dist} bs{bs}", emu_block_max(x, bs, end),
+    out = [compare_bitwise(f"block_max {dtype} {dist} bs{bs}", emu_block_max(x, bs, end, mutate),
                            block_max_scores_ref(x, bs, end)) for bs in block_sizes]
-    out.append(compare_bitwise(f"block_max full {dtype} {dist}", emu_block_max(x, 16), block_max_scores_ref(x, 16)))
+    out.append(compare_bitwise(f"block_max full {dtype} {dist}", emu_block_max(x, 16, mutate=mutate),
+                               block_max_scores_ref(x, 16)))
     return out
 
 
-def bmax(seed=0, schedule="random"):
+def bmax(seed=0, schedule="random", setup: EmuSetup = DEFAULT_SETUP):
     return [c for dtype in (torch.float32, torch.bfloat16) for dist in ("randn", "special", "equal")
-            for c in bmax_case(dtype, dist)]
+            for c in bmax_case(dtype, dist, mutate=setup.mutate)]
 
 
 # One small case of each kernel (tests/test_topk.py runs them): the row kernel sampling a 32768-tier row on
@@ -343,41 +365,40 @@ SMOKE = [
 ]
 
 
-def smoke(seed=0, schedule="random"):
-    out = [c for case in SMOKE for c in run_case(case, seed, schedule)]
-    out.append(slots_case("randn", 2, 3000, 100, True, TopkConfig("tile", 256, unroll=16), seed, schedule))
-    return out + bmax_case(torch.bfloat16, "special", b=3, n=200, block_sizes=(16,))
+def smoke(seed=0, schedule="random", setup: EmuSetup = DEFAULT_SETUP):
+    out = [c for case in SMOKE for c in run_case(case, seed, schedule, setup)]
+    out.append(slots_case("randn", 2, 3000, 100, True, TopkConfig("tile", 256, unroll=16), seed, schedule,
+                          setup.mutate))
+    return out + bmax_case(torch.bfloat16, "special", b=3, n=200, block_sizes=(16,), mutate=setup.mutate)
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("sets", nargs="*", default=["small", "mid", "long", "misc", "bmax"])
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--schedule", default="random", choices=SCHEDULES,
                     help="fiber_emu's scheduler: random switches, or warp-serial (exposes races between barriers)")
-    ap.add_argument("--mutate", default=None)
-    ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--mutate", default=None, metavar="OLD=>NEW",
+                    help="patch the generated source of every kernel once (a broken kernel must be caught)")
+    ap.add_argument("--sms", type=int, default=DEFAULT_SETUP.sms, help="SMs of the device the launch rule plans for")
     ap.add_argument("--stream", action="store_true", help="streaming reads on every row-kernel launch")
     ap.add_argument("--threads", type=int, default=0, help="threads per CTA of every row-kernel launch")
     ap.add_argument("--split", type=int, default=0, help="CTAs per row of every row-kernel launch")
-    a = ap.parse_args()
-    DEVICE["sms"] = a.sms
-    OVERRIDE.update({k: v for k, v in (("stream", a.stream), ("threads", a.threads), ("split", a.split)) if v})
-    if a.mutate:
-        os.environ["EMU_MUTATE"] = a.mutate
+    a = ap.parse_args(argv)
+    setup = EmuSetup(sms=a.sms, threads=a.threads, split=a.split, stream=a.stream, mutate=a.mutate)
     bad = 0
     for which in a.sets:
         for seed in [int(s) for s in a.seeds.split(",")]:
             if which in ("misc", "bmax", "smoke"):
                 t = time.time()
-                res = {"misc": misc, "bmax": bmax, "smoke": smoke}[which](seed, a.schedule)
+                res = {"misc": misc, "bmax": bmax, "smoke": smoke}[which](seed, a.schedule, setup)
                 fails = [c.message() for c in res if not c.passed]
                 bad += len(fails)
                 print(f"{which} seed{seed}: {'OK' if not fails else 'FAIL'} {time.time() - t:.1f}s {fails}", flush=True)
                 continue
             for case in SETS[which]:
                 t = time.time()
-                c1, c2 = run_case(case, seed, a.schedule)
+                c1, c2 = run_case(case, seed, a.schedule, setup)
                 ok = c1.passed and c2.passed
                 bad += not ok
                 msg = "" if ok else " ".join(c.message() for c in (c1, c2) if not c.passed)

@@ -198,12 +198,14 @@ static int run_block(int threads, void (*body)(), int poison) {
 
 
 
-def build(src, name, opt="-O1"):
-    mut = os.environ.get("EMU_MUTATE")
-    if mut:  # mutation testing of the harness: "old=>new", applied once
-        old, new = mut.split("=>")
-        # EMU_MUTATE_ANY=1: kernels without the target (other static configurations) run unchanged
-        assert old in src or os.environ.get("EMU_MUTATE_ANY") == "1", f"mutation target not found: {old}"
+def build(src, name, opt="-O1", *, mutate=None, mutate_any=False):
+    """The kernel source `src` as a shared library: (library, parameter names, parameter types).
+    `mutate` ("old=>new") replaces `old` once in the source, for mutation testing of a checker (a broken
+    kernel must be caught); a source without `old` is an error, unless `mutate_any` (a run whose kernels
+    differ by static configuration, where only some hold the target: the others build unchanged)."""
+    if mutate:
+        old, new = mutate.split("=>")
+        assert old in src or mutate_any, f"mutation target not found: {old}"
         src = src.replace(old, new, 1)
     lines = []
     for l in src.splitlines():
@@ -246,9 +248,10 @@ extern "C" int launch(int grid, int gridy, int threads, int cluster, unsigned se
 
 
 class EmuKernel:
-    def __init__(self, src, name, param_order, shapes):
-        """param_order: prim_func tensor/scalar names in call order; shapes: dyn name -> (param, dim)."""
-        self.lib, self.names, self.types = build(src, name)
+    def __init__(self, src, name, param_order, shapes, mutate=None):
+        """param_order: prim_func tensor/scalar names in call order; shapes: dyn name -> (param, dim);
+        mutate: as for build."""
+        self.lib, self.names, self.types = build(src, name, mutate=mutate)
         self.param_order, self.shapes = param_order, shapes
         self.seed, self.poison, self.threads, self.grid_of, self.cluster = 0, 1, 1024, None, 1
         self.schedule = "random"  # or "warps": warp-serial scheduling (the shim's g_sched)

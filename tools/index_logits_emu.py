@@ -18,6 +18,9 @@ Kernels are lowered with ``tilelang.lower`` (no nvcc) through the wrappers' laun
 (``paged_plan`` / ``ragged_plan``), so the emulated launch is the one the wrapper makes.
 
     emulate_paged(**kwargs_of_paged_index_logits, config=..., sms=...) -> logits (CPU tensors)
+
+``mutate="old=>new"`` (every ``emulate_*``) patches the generated source once, as ``fiber_emu.build``'s
+argument; kernels without ``old`` (other static configurations) run unchanged.
 """
 
 import hashlib
@@ -168,10 +171,10 @@ def emu_source(src: str) -> str:
 _LIBS: dict = {}
 
 
-def _library(factory, static, name):
-    k = (name, static)
+def _library(factory, static, name, mutate=None):
+    k = (name, static, mutate)
     if k not in _LIBS:
-        _LIBS[k] = build(emu_source(lowered_source(factory, *static)), name)
+        _LIBS[k] = build(emu_source(lowered_source(factory, *static)), name, mutate=mutate, mutate_any=True)
     return _LIBS[k]
 
 
@@ -197,7 +200,7 @@ def _run(lib_names_types, values: dict, grid, threads: int, seed: int, schedule:
         raise RuntimeError("emulated kernel failed")
 
 
-def emulate_paged(*, config=None, sms=132, seed=0, schedule="random", **kw):
+def emulate_paged(*, config=None, sms=132, seed=0, schedule="random", mutate=None, **kw):
     """``paged_index_logits(**kw)`` run on the CPU emulator (CPU tensors); returns the logits."""
     from tilelang_ops.index_logits import paged_plan
     from tilelang_ops.index_logits.scores import scores_kernel
@@ -211,11 +214,11 @@ def emulate_paged(*, config=None, sms=132, seed=0, schedule="random", **kw):
                 n=n, nrows=n, bc=bc, num_blocks=nblk, cbs=cbs, kps=kps, clean=clean, nper=q.shape[1],
                 nb_rows=table.shape[0], mb=table.shape[1], max_blocks=table.shape[1], ncol=out.shape[-1],
                 ld_out=out.shape[-1], ncand=cand.shape[-1])
-    _run(_library(scores_kernel, static, "il_" + static[0]), vals, grid, 32 * static[3], seed, schedule)
+    _run(_library(scores_kernel, static, "il_" + static[0], mutate), vals, grid, 32 * static[3], seed, schedule)
     return logits
 
 
-def emulate_ragged(*, config=None, sms=132, seed=0, schedule="random", **kw):
+def emulate_ragged(*, config=None, sms=132, seed=0, schedule="random", mutate=None, **kw):
     """``ragged_index_logits(**kw)`` run on the CPU emulator (CPU tensors); returns the logits."""
     from tilelang_ops.index_logits import ragged_plan
     from tilelang_ops.index_logits.scores import scores_kernel
@@ -230,11 +233,11 @@ def emulate_ragged(*, config=None, sms=132, seed=0, schedule="random", **kw):
                 max_width=max_width, kps=kps, clean=clean, nq=q.shape[0], nkeys=kc.shape[0], nkey_total=kc.shape[0],
                 ncol=out.shape[1],
                 ld_out=out.shape[1])
-    _run(_library(scores_kernel, static, "il_ragged"), vals, grid, 32 * static[3], seed, schedule)
+    _run(_library(scores_kernel, static, "il_ragged", mutate), vals, grid, 32 * static[3], seed, schedule)
     return logits
 
 
-def emulate_quantize(x, seed=0, schedule="random"):
+def emulate_quantize(x, seed=0, schedule="random", mutate=None):
     """``quantize_index_rows(x)`` on the CPU emulator; returns (codes, scales)."""
     from tilelang_ops.index_logits.quantize import THREADS, quantize_kernel
 
@@ -244,5 +247,5 @@ def emulate_quantize(x, seed=0, schedule="random"):
     if rows.shape[0]:
         vals = dict(x=rows, codes=codes, scales=scales, rows=rows.shape[0])
         grid = (-(-rows.shape[0] * 4 // THREADS), 1)
-        _run(_library(quantize_kernel, (THREADS,), "il_quantize"), vals, grid, THREADS, seed, schedule)
+        _run(_library(quantize_kernel, (THREADS,), "il_quantize", mutate), vals, grid, THREADS, seed, schedule)
     return codes.reshape(*x.shape[:-1], 64), scales.reshape(*x.shape[:-1], 4)

@@ -1,0 +1,61 @@
+"""Command lines on the CPU: `--help` of `python -m tilelang_ops`, `python -m benchmarks` and
+`tools/profile_ncu.py` exits 0 and lists what each runs; the benchmark options reach the modules' `run`."""
+
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_tilelang_ops_help_lists_commands():
+    res = _run("-m", "tilelang_ops", "--help")
+    assert res.returncode == 0, res.stderr
+    assert "diff" in res.stdout
+
+
+def test_benchmarks_help_lists_operators_and_options():
+    from benchmarks.__main__ import BENCH_MODULES
+
+    res = _run("-m", "benchmarks", "--help")
+    assert res.returncode == 0, res.stderr
+    for word in (*BENCH_MODULES, "--sweep", "--sweep-formats", "--cases", "--plot"):
+        assert word in res.stdout, word
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nosuchop"], "unknown benchmark(s) ['nosuchop']"),
+    (["topk", "--sweep"], "--sweep applies to kv_store, compress_store only"),
+    (["topk", "--cases", "b1q1"], "--cases applies to compress_store only"),
+])
+def test_benchmarks_rejects_what_would_not_run(args, message, capsys):
+    from benchmarks.__main__ import main
+
+    assert main(args) == 2
+    assert message in capsys.readouterr().out
+
+
+def test_benchmark_options_match_the_modules_run():
+    import importlib
+
+    from benchmarks.__main__ import BENCH_MODULES, MODULE_OPTIONS
+
+    assert set(MODULE_OPTIONS) <= set(BENCH_MODULES)
+    for op, keys in MODULE_OPTIONS.items():
+        params = inspect.signature(importlib.import_module(f"benchmarks.bench_{op}").run).parameters
+        assert set(keys) <= set(params), (op, keys)
+
+
+def test_profile_ncu_help_lists_cases():
+    res = _run(os.path.join("tools", "profile_ncu.py"), "--help")
+    assert res.returncode == 0, res.stderr
+    assert "--lineinfo" in res.stdout and "kv_store:fp8" in res.stdout and "topk:b128" in res.stdout
