@@ -214,6 +214,10 @@ def _check_cp(cp_size, cp_rank, is_prefill: bool) -> tuple[int, int]:
 def mirror_cp_chunks(length: int, cp_size: int) -> list[tuple[int, int]]:
     """The mirror split of ``range(length)``: ``2 * cp_size`` consecutive ``[lo, hi)`` pieces of
     near-equal length, the first ``length % (2 * cp_size)`` one longer (later pieces may be empty)."""
+    length = _as_int("length", length)
+    if length < 0:
+        raise ValueError(f"length={length} must be >= 0")
+    cp_size, _ = _check_cp(cp_size, 0, True)
     pieces = 2 * cp_size
     base, longer = divmod(length, pieces)
     chunks, lo = [], 0
@@ -227,6 +231,10 @@ def mirror_cp_chunks(length: int, cp_size: int) -> list[tuple[int, int]]:
 def mirror_cp_positions(start: int, end: int, cp_size: int, cp_rank: int) -> list[int]:
     """Positions of the chunk ``[start, end)`` that rank ``cp_rank`` holds: pieces ``cp_rank`` and
     ``2 * cp_size - 1 - cp_rank`` of ``mirror_cp_chunks``, ascending (all of them when cp_size is 1)."""
+    start, end = _as_int("start", start), _as_int("end", end)
+    if not 0 <= start <= end:
+        raise ValueError(f"start={start}, end={end} must satisfy 0 <= start <= end")
+    cp_size, cp_rank = _check_cp(cp_size, cp_rank, True)
     chunks = mirror_cp_chunks(end - start, cp_size)
     held: list[int] = []
     for c in (cp_rank, 2 * cp_size - 1 - cp_rank):

@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 from metadata import SeqMetadata, prepare_tensor_input
-from metadata.prepare_tensor_input import mirror_cp_chunks
+from metadata.prepare_tensor_input import mirror_cp_chunks, mirror_cp_positions
 from reference.compress import compress_ref
 from tests.conftest import requires_cuda
 from tilelang_ops.gather_rows import gather_rows_config
@@ -51,6 +51,22 @@ def test_mirror_chunks_by_hand():
     assert mirror_cp_chunks(0, 2) == [(0, 0)] * 4
     assert mirror_cp_chunks(7, 1) == [(0, 4), (4, 7)]
     assert mirror_cp_chunks(17, 4) == [(0, 3)] + [(3 + 2 * i, 5 + 2 * i) for i in range(7)]
+    assert mirror_cp_positions(5, 15, 2, 1) == [8, 9, 10, 11, 12]  # pieces 1 and 2 of [5, 15)
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: mirror_cp_chunks(-5, 2), ValueError, "length=-5"),
+    (lambda: mirror_cp_chunks(5.0, 2), TypeError, "length must be an int"),
+    (lambda: mirror_cp_chunks(5, 0), ValueError, "cp_size=0"),
+    (lambda: mirror_cp_positions(5, 0, 2, 1), ValueError, "start=5, end=0"),
+    (lambda: mirror_cp_positions(-1, 3, 2, 1), ValueError, "start=-1"),
+    (lambda: mirror_cp_positions(0, 5, 2, 7), ValueError, "cp_rank=7"),
+    (lambda: mirror_cp_positions(0, 5, True, 0), TypeError, "cp_size must be an int"),
+], ids=["negative_length", "float_length", "cp_size_0", "end_before_start", "negative_start", "rank_7",
+        "bool_cp_size"])
+def test_mirror_helpers_reject(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
 
 
 # A: 10 new tokens at 0..9, B: 3 new tokens at 2..4 (2 earlier), C: 1 token. cp 2 (4 pieces):
