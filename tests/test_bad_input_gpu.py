@@ -24,10 +24,13 @@ These tests call the public wrappers only. Kernels they launch (for the warm-up 
 decode (D = 64, r = 2); norm_rope_hadamard_cast_store for the four formats (12 rows, int64 positions and
 slots, BF16 weight, out_norm, no Hadamard); compress_store prefill and decode (FP8 main, int32 metadata,
 out_norm); topk (fp32, int32, end, values, n = 40 and 20000), block_max_scores (block 8), topk_to_slots
-(Bc 8, with and without 8-row candidates), restore_candidate_indices_ (block 8), convert_kv_index_ (Bc 4).
+(Bc 8, with and without 8-row candidates), restore_candidate_indices_ (block 8), convert_kv_index_ (Bc 4),
+paged / ragged index logits (the torch-ops cases' shapes, tilelang_ops.testing.torch_ops).
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -40,6 +43,7 @@ from reference.topk import block_max_scores_ref, topk_torch
 from tests.conftest import requires_cuda
 from tilelang_ops.testing import bad_input as B
 from tilelang_ops.testing import compare_bf16_ulp, compare_bitwise
+from tilelang_ops.testing.torch_ops import OP_CASES
 
 DEV = "cuda"
 INT32_MAX = 2**31 - 1
@@ -377,3 +381,90 @@ def test_convert_and_restore_unresolvable_lanes():
     torch.cuda.synchronize()
     assert g_index.guards_intact()
     compare_bitwise("restore", g_index.view.cpu(), want).check()
+
+
+# ----------------------------------------------------------------------------------------------
+# index logits: klen beyond max_klen or negative, block-table entries outside the cache, candidate
+# blocks beyond the table, key ranges outside [0, N) or wider than max_width
+# ----------------------------------------------------------------------------------------------
+
+def _paged_bad(what: str) -> B.Call:
+    """The torch-ops paged case (its kernel compiled ahead) with bad metadata of kind ``what``."""
+    case = "paged_index_logits_out" if what != "candidates" else "paged_index_logits_candidates"
+    call = OP_CASES[case].call(DEV)
+    if what == "candidates":
+        call = B.Call(call.args, {**call.kwargs, "out": torch.full(
+            (3, 2, call["max_klen"]), 12345.0, device=DEV)}, ("out",))
+    klen, table = call["klen"].clone(), call["block_tables"].clone()
+    if what == "klen":
+        klen[0, 0], klen[1, 1], klen[2, 0] = call["max_klen"] + 7, -3, INT32_MAX
+    elif what == "table":
+        num_blocks = call["index_cache"].shape[0]
+        table[0, 0], table[1, 0], table[2, 1] = num_blocks, -5, INT32_MAX
+    else:  # candidate blocks whose rows lie beyond the block table, and one below -1
+        cand = call["candidate_blocks"].clone()
+        cand[0, 0, 0], cand[1, 1, 1], cand[2, 0, 0] = 1 << 20, INT32_MAX // 16, -7
+        return call.with_(candidate_blocks=cand)
+    return call.with_(klen=klen, block_tables=table)
+
+
+@requires_cuda
+@pytest.mark.parametrize("what", ["klen", "table", "candidates"])
+def test_paged_index_logits_on_bad_metadata(what):
+    """Without the debug switch the kernel scores a column it cannot resolve -inf and cuts klen to
+    [0, max_klen] (the unchecked twin's contract), and writes nothing outside ``out``."""
+    from reference.index_logits import paged_index_logits_torch_unchecked
+    from tilelang_ops.index_logits import paged_index_logits
+
+    call = _paged_bad(what)
+    want = call.fresh()
+    want(paged_index_logits_torch_unchecked)
+    got, guards = guard_written(call.fresh())
+    got(paged_index_logits)
+    torch.cuda.synchronize()
+    check_guards(guards)
+    compare_bitwise("logits", got["out"], want["out"]).check()
+
+
+@requires_cuda
+def test_ragged_index_logits_on_bad_ranges():
+    """ks below 0, ke below ks, ke beyond N, a range wider than max_width: keys outside [0, N) score
+    -inf, widths are cut to [0, max_width], nothing outside ``out`` is written."""
+    from reference.index_logits import ragged_index_logits_torch_unchecked
+    from tilelang_ops.index_logits import ragged_index_logits
+
+    call = OP_CASES["ragged_index_logits_out"].call(DEV)
+    ks, ke = call["ks"].clone(), call["ke"].clone()
+    n = call["k_codes"].shape[0]
+    ks[0], ke[0] = -4, 6
+    ks[1], ke[1] = 10, 3
+    ks[2], ke[2] = n - 5, n + 40
+    ks[3], ke[3] = -5, n  # wider than max_width (the case's widest range is N)
+    assert ke[3] - ks[3] > call["max_width"]
+    call = call.with_(ks=ks, ke=ke)
+    want = call.fresh()
+    want(ragged_index_logits_torch_unchecked)
+    got, guards = guard_written(call.fresh())
+    got(ragged_index_logits)
+    torch.cuda.synchronize()
+    check_guards(guards)
+    compare_bitwise("logits", got["out"], want["out"]).check()
+
+
+@requires_cuda
+def test_index_logits_debug_switch_raises_and_writes_nothing(monkeypatch):
+    """Under TILELANG_OPS_DEBUG=1 the wrappers run the references' value checks before the launch."""
+    from tilelang_ops.index_logits import paged_index_logits, ragged_index_logits
+
+    monkeypatch.setenv("TILELANG_OPS_DEBUG", "1")
+    paged = _paged_bad("klen")
+    ragged = OP_CASES["ragged_index_logits_out"].call(DEV)
+    ke = ragged["ke"].clone()
+    ke[1] = ragged["k_codes"].shape[0] + 3
+    for call, fn, text in ((paged, paged_index_logits, f"klen[0, 0] = {paged['max_klen'] + 7}"),
+                           (ragged.with_(ke=ke), ragged_index_logits, f"ke = {int(ke[1])}")):
+        before = call["out"].clone()
+        with pytest.raises(ValueError, match=re.escape(text)):
+            call(fn)
+        torch.cuda.synchronize()
+        assert torch.equal(call["out"], before), f"{fn.__name__} wrote before raising"
