@@ -258,6 +258,22 @@ def test_cpu_emulator_runs_the_default_kernel(fmt_name):
     assert mismatches == 0, line
 
 
+@pytest.mark.parametrize("chain", [1, 4])
+def test_cpu_emulator_runs_the_other_hmma_chains(chain):
+    """The FP4 index kernel with ``hmma_chain`` 1 and 4 (the launch rule's is 2): its butterflies after the
+    chained MMAs give the Hadamard order of ``hadamard_mma_model`` with that chain, bitwise."""
+    from tools import check_kv_store_emu as emu
+
+    case, _, has_norm, bad = emu.CASES[EMU_CASES["fp4_index"]]
+    data = emu.inputs(case, bad)
+    config = emu.config_for("default", case, 2).replace(hmma_chain=chain)
+    had = emu.hadamard_fn(config, case)
+    assert had is not None and config.hmma_chain != DEFAULT_CONFIGS["fp4_index"].hmma_chain
+    want = emu.oracle(case, has_norm, data, loop=False, had=had)
+    got = emu.run_emu(config, case, has_norm, data)
+    assert [emu.ndiff(a, b) for a, b in zip(got, want)] == [0, 0]
+
+
 def test_cpu_emulator_catches_a_broken_kernel():
     from tools import check_kv_store_emu as emu
 

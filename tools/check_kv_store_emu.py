@@ -12,6 +12,7 @@ tests/test_kv_store_kernel.py runs one small case per format through it (CPU tie
 
     PYTHONPATH=. .venv/bin/python tools/check_kv_store_emu.py [case-substring ...] [--config all] [--mutate]
 """
+import functools
 import os
 import sys
 import time
@@ -252,7 +253,9 @@ def run_emu(config, case, has_norm, data, edit=None, order="forward"):
 def hadamard_fn(config, case):
     """The Hadamard order of the kernel built with ``config`` on ``case`` (every kernel must equal its own
     order bitwise here; the tolerance between the orders is the GPU tests' business)."""
-    return hadamard_mma_model if K.uses_hadamard_mma(FORMATS[case.fmt], case.hadamard, config) else None
+    if not K.uses_hadamard_mma(FORMATS[case.fmt], case.hadamard, config):
+        return None
+    return functools.partial(hadamard_mma_model, chain=config.hmma_chain)
 
 
 def oracle(case, has_norm, data, loop, had=None):
