@@ -385,7 +385,7 @@ def test_one_ratio_rule_elsewhere(ratio):
 # The diff input builders
 # ----------------------------------------------------------------------------------------------
 
-DIFF_MODULES = ("compress", "kv_store", "compress_store", "topk")
+DIFF_MODULES = ("compress", "kv_store", "compress_store", "topk", "gather_rows", "index_logits")
 
 
 @pytest.mark.parametrize("op", DIFF_MODULES)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from metadata.checks import check_choice
 from reference.compress import compress_ref
 from reference.gather_rows import gather_rows_ref, gather_rows_torch
 from tilelang_ops.testing import Comparison, compare_bitwise
@@ -48,6 +49,7 @@ def _sentinel(out: torch.Tensor) -> Comparison:
 
 def run_case(case_id: str, device):
     """Kernel vs reference on CUDA."""
+    check_choice("case_id", case_id, CASES)
     if case_id in _CP:
         from tilelang_ops.compress import compress
 
@@ -62,6 +64,7 @@ def run_case(case_id: str, device):
 
 def self_check(case_id: str):
     """CPU: loop reference vs twin (rows cases), the reference C1 path with simulated ranks (cp cases)."""
+    check_choice("case_id", case_id, CASES)
     if case_id in _CP:
         return _cp_comparisons(case_id, compress_ref, "cpu")
     case = _ROWS[case_id]
