@@ -179,13 +179,21 @@ def bad_rope_dim(data, call):
 OUT_OF_RANGE = st.one_of(st.integers(INT32_MIN, -1), st.integers(0, INT32_MAX))
 
 
-def slot_beyond_ring(data, call):
-    idx = call["state_block_idx"].clone()
-    n = call["state_cache"].shape[0]
-    i = data.draw(st.integers(0, idx.shape[0] - 1), label="i")
-    v = data.draw(st.one_of(st.integers(INT32_MIN, -1), st.integers(n, INT32_MAX)), label="slot")
-    idx[i] = v
-    return Broken(call.with_(state_block_idx=idx), ValueError, [f"state_block_idx={v}"])
+def entry_outside(name: str, size_of: Callable, needle: str):
+    """One entry ``i`` of the 1-D tensor ``name`` set to a value ``v`` outside ``[0, size_of(call))``:
+    ValueError with ``needle.format(i=i, v=v)``."""
+    def breaker(data, call):
+        t = call[name].clone()
+        n = size_of(call)
+        i = data.draw(st.integers(0, t.shape[0] - 1), label="i")
+        v = data.draw(st.one_of(st.integers(INT32_MIN, -1), st.integers(n, INT32_MAX)), label=name)
+        t[i] = v
+        return Broken(call.with_(**{name: t}), ValueError, [needle.format(i=i, v=v)])
+    return breaker
+
+
+slot_beyond_ring = entry_outside("state_block_idx", lambda call: call["state_cache"].shape[0],
+                                 "state_block_idx={v}")
 
 
 def prefill_context_below_chunk(data, call):
@@ -311,13 +319,7 @@ def slots_unallocated(data, call):
                   ["is not an allocated block", "block_tables[0, "])
 
 
-def gather_index(data, call):
-    index = call["index"].clone()
-    n = call["x"].shape[0]
-    i = data.draw(st.integers(0, index.shape[0] - 1), label="i")
-    v = data.draw(st.one_of(st.integers(INT32_MIN, -1), st.integers(n, INT32_MAX)), label="v")
-    index[i] = v
-    return Broken(call.with_(index=index), ValueError, [f"index[{i}]={v}"])
+gather_index = entry_outside("index", lambda call: call["x"].shape[0], "index[{i}]={v}")
 
 
 def paged_klen(data, call):

@@ -416,11 +416,16 @@ def test_paged_index_logits_on_bad_metadata(what):
     from reference.index_logits import paged_index_logits_torch_unchecked
     from tilelang_ops.index_logits import paged_index_logits
 
-    call = _paged_bad(what)
+    _logits_as_unchecked_twin(_paged_bad(what), paged_index_logits, paged_index_logits_torch_unchecked)
+
+
+def _logits_as_unchecked_twin(call: B.Call, kernel_fn, twin_fn) -> None:
+    """``kernel_fn`` on ``call`` (``out`` inside canaries) writes the logits ``twin_fn`` does, bitwise,
+    and nothing outside ``out``."""
     want = call.fresh()
-    want(paged_index_logits_torch_unchecked)
+    want(twin_fn)
     got, guards = guard_written(call.fresh())
-    got(paged_index_logits)
+    got(kernel_fn)
     torch.cuda.synchronize()
     check_guards(guards)
     compare_bitwise("logits", got["out"], want["out"]).check()
@@ -441,14 +446,8 @@ def test_ragged_index_logits_on_bad_ranges():
     ks[2], ke[2] = n - 5, n + 40
     ks[3], ke[3] = -5, n  # wider than max_width (the case's widest range is N)
     assert ke[3] - ks[3] > call["max_width"]
-    call = call.with_(ks=ks, ke=ke)
-    want = call.fresh()
-    want(ragged_index_logits_torch_unchecked)
-    got, guards = guard_written(call.fresh())
-    got(ragged_index_logits)
-    torch.cuda.synchronize()
-    check_guards(guards)
-    compare_bitwise("logits", got["out"], want["out"]).check()
+    _logits_as_unchecked_twin(call.with_(ks=ks, ke=ke), ragged_index_logits,
+                              ragged_index_logits_torch_unchecked)
 
 
 @requires_cuda
