@@ -1,4 +1,5 @@
-"""python -m benchmarks [OP ...] [--sweep] [--sweep-formats F,...] [--cases C,...]: run the benchmark
+"""python -m benchmarks [OP ...] [--sweep] [--sweep-formats F,...] [--cases C,...] [--no-torch-peers]: run the
+benchmark
 modules (all by default) on CUDA.
 
 Prints a table and one BENCH line per case, writes them to bench_results/latest.txt, and merges each
@@ -9,7 +10,9 @@ Options (``make bench BENCH_ARGS="..."`` passes them on). Each goes, as a keywor
 modules of ``MODULE_OPTIONS`` that take it; an option that no chosen module takes is an error:
 
     --sweep               kv_store, compress_store: also time the configs of their tuning sweeps (lines
-                          ``SWEEP <op> ...``: tuning data for the default configs, not BENCH lines)
+                          ``SWEEP <op> ...``: tuning data for the default configs, not BENCH lines);
+                          index_logits: also time other IndexLogitsConfig choices as peers
+    --no-torch-peers      index_logits: skip the torch twins (eager and compiled; minutes at 65,536 keys)
     --sweep-formats F,..  kv_store: sweep only these formats (fp8_main, fp4_main, fp4_index, bf16);
                           implies --sweep
     --cases C,..          compress_store: only the cases whose id contains one of these (e.g. b1q1,b64q6)
@@ -29,7 +32,8 @@ from benchmarks.results import plot, save
 
 BENCH_MODULES = ("compress", "kv_store", "compress_store", "topk", "gather_rows", "index_logits", "host")
 # the command-line options each module's run(h, ...) takes as keywords (the others take the harness alone)
-MODULE_OPTIONS = {"kv_store": ("sweep", "sweep_formats"), "compress_store": ("sweep", "cases")}
+MODULE_OPTIONS = {"kv_store": ("sweep", "sweep_formats"), "compress_store": ("sweep", "cases"),
+                  "index_logits": ("sweep", "no_torch_peers")}
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -44,11 +48,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("ops", nargs="*", metavar="OP", help="benchmark modules to run (default: all)")
     p.add_argument("--plot", metavar="FILE", help="redraw the plot of a results file (.jsonl) and exit")
     p.add_argument("--sweep", action="store_true",
-                   help="kv_store, compress_store: also time the configs of their tuning sweeps")
+                   help="kv_store, compress_store: also time the configs of their tuning sweeps; "
+                        "index_logits: also time other tuning configs as peers")
     p.add_argument("--sweep-formats", type=_names, default=None, metavar="F,...",
                    help="kv_store: sweep only these cache formats (implies --sweep)")
     p.add_argument("--cases", type=_names, default=None, metavar="C,...",
                    help="compress_store: only the cases whose id contains one of these substrings")
+    p.add_argument("--no-torch-peers", action="store_true",
+                   help="index_logits: skip the torch twins (eager and compiled)")
     return p
 
 
@@ -64,7 +71,8 @@ def main(argv):
         print(f"unknown benchmark(s) {unknown}; known: {list(BENCH_MODULES)}")
         return 2
     wanted = args.ops or list(BENCH_MODULES)
-    options = {"sweep": args.sweep, "sweep_formats": args.sweep_formats, "cases": args.cases}
+    options = {"sweep": args.sweep, "sweep_formats": args.sweep_formats, "cases": args.cases,
+               "no_torch_peers": args.no_torch_peers}
     for key, value in options.items():
         takers = [op for op, keys in MODULE_OPTIONS.items() if key in keys]
         if value and not any(op in takers for op in wanted):

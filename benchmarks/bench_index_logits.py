@@ -11,8 +11,9 @@ The torch twins are timed on the decode cases only (a prefill call of theirs tak
 
 Bytes = index-cache rows read once per request + queries (68 B per head) + logits written (4 B per valid
 column). Key rows are random codes with scale bytes 124-126 (within the kernels' fast path, as the store's
-Hadamard-rotated rows are). ``run(h, torch_peers=False)`` skips the slow torch peers; ``configs=True``
-times other ``IndexLogitsConfig`` choices of the same kernels as peers (their names say how they differ).
+Hadamard-rotated rows are). ``run(h, no_torch_peers=True)`` (``--no-torch-peers``) skips the slow torch
+peers; ``sweep=True`` (``--sweep``) times other ``IndexLogitsConfig`` choices of the same kernels as peers
+(their names say how they differ).
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ def _config_peers(fn, base, flush):
     return out
 
 
-def run(h, torch_peers: bool = True, configs: bool = False) -> None:
+def run(h, sweep: bool = False, no_torch_peers: bool = False) -> None:
+    torch_peers = not no_torch_peers
     peer = _load_peer()
     g = torch.Generator().manual_seed(1)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -122,7 +124,7 @@ def run(h, torch_peers: bool = True, configs: bool = False) -> None:
         fn = lambda cfg=base, kw=kw, out=out: paged_index_logits(**kw, out=out, config=cfg)  # noqa: E731
         us = time_us(fn, flush_bytes=FLUSH)
         nbytes = b * klen * ROW + b * n * HEADS * ROW + b * n * klen * 4
-        peers = _config_peers(fn, base, FLUSH) if configs else {}
+        peers = _config_peers(fn, base, FLUSH) if sweep else {}
         if peer is not None:
             ks = (torch.arange(b * n, device="cuda", dtype=torch.int32) // n) * klen
             ex = _example_fn(peer, b * n, b * klen, ks, ks + klen, g)
@@ -148,7 +150,7 @@ def run(h, torch_peers: bool = True, configs: bool = False) -> None:
         widths = int((kw["ke"] - kw["ks"]).sum())
         nbytes = nkeys * ROW + t * HEADS * ROW + widths * 4
         peers = {}
-        if configs:
+        if sweep:
             peers.update(_config_peers(fn, base, 0))
             for rows, warps in ((8, 8), (2, 4), (1, 4)):
                 cfg = replace(base, rows=rows, warps=warps, min_ctas=0 if warps == 8 else 3)

@@ -176,9 +176,6 @@ def bad_rope_dim(data, call):
 # value breakages (device values: references and twins only)
 # ----------------------------------------------------------------------------------------------
 
-OUT_OF_RANGE = st.one_of(st.integers(INT32_MIN, -1), st.integers(0, INT32_MAX))
-
-
 def entry_outside(name: str, size_of: Callable, needle: str):
     """One entry ``i`` of the 1-D tensor ``name`` set to a value ``v`` outside ``[0, size_of(call))``:
     ValueError with ``needle.format(i=i, v=v)``."""

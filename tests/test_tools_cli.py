@@ -28,13 +28,14 @@ def test_benchmarks_help_lists_operators_and_options():
 
     res = _run("-m", "benchmarks", "--help")
     assert res.returncode == 0, res.stderr
-    for word in (*BENCH_MODULES, "--sweep", "--sweep-formats", "--cases", "--plot"):
+    for word in (*BENCH_MODULES, "--sweep", "--sweep-formats", "--cases", "--no-torch-peers", "--plot"):
         assert word in res.stdout, word
 
 
 @pytest.mark.parametrize("args, message", [
     (["nosuchop"], "unknown benchmark(s) ['nosuchop']"),
-    (["topk", "--sweep"], "--sweep applies to kv_store, compress_store only"),
+    (["topk", "--sweep"], "--sweep applies to kv_store, compress_store, index_logits only"),
+    (["topk", "--no-torch-peers"], "--no-torch-peers applies to index_logits only"),
     (["topk", "--cases", "b1q1"], "--cases applies to compress_store only"),
 ])
 def test_benchmarks_rejects_what_would_not_run(args, message, capsys):
