@@ -1,10 +1,14 @@
 """Command lines on the CPU: `--help` of `python -m tilelang_ops`, `python -m benchmarks` and
-`tools/profile_ncu.py` exits 0 and lists what each runs; the benchmark options reach the modules' `run`."""
+`tools/profile_ncu.py` exits 0 and lists what each runs; the benchmark options reach the modules' `run`.
+The emulators' build cache is safe for parallel test workers."""
 
+import ctypes
 import inspect
 import os
+import shutil
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
@@ -60,3 +64,32 @@ def test_profile_ncu_help_lists_cases():
     res = _run(os.path.join("tools", "profile_ncu.py"), "--help")
     assert res.returncode == 0, res.stderr
     assert "--lineinfo" in res.stdout and "kv_store:fp8" in res.stdout and "topk:b128" in res.stdout
+
+
+def _build_and_call(work: str, code: str) -> int:
+    from tools.cuda_emu import shared_library
+
+    return ctypes.CDLL(shared_library(code, work, "probe", ["-O1"])).probe()
+
+
+def test_emulator_builds_are_safe_for_parallel_workers(tmp_path):
+    # pytest-xdist workers build the same kernel at once: each must load a complete library (a worker
+    # loading one another is still writing crashes), and the cache must hold only finished files
+    if shutil.which("g++") is None:
+        pytest.skip("the emulators build with g++")
+    from tools.cuda_emu import cached_text
+
+    code = 'extern "C" int probe() { return 42; }\n'
+    with ProcessPoolExecutor(4) as pool:
+        got = list(pool.map(_build_and_call, [str(tmp_path)] * 8, [code] * 8))
+    assert got == [42] * 8
+    names = sorted(os.listdir(tmp_path))
+    assert len(names) == 2 and names[0].endswith(".cpp") and names[1].endswith(".so"), names
+    built = os.path.getmtime(tmp_path / names[1])
+    assert _build_and_call(str(tmp_path), code) == 42 and os.path.getmtime(tmp_path / names[1]) == built
+
+    made = []
+    path = str(tmp_path / "src" / "k.cu")
+    assert cached_text(path, lambda: made.append(1) or "text") == "text"
+    assert cached_text(path, lambda: made.append(1) or "other") == "text" and made == [1]
+    assert sorted(os.listdir(tmp_path / "src")) == ["k.cu"]

@@ -21,7 +21,7 @@ from reference.compress_store import compress_store_decode_torch, compress_store
 from tilelang_ops.build import compile_for_sm90  # noqa: E402
 from tilelang_ops.kv_store import _TORCH_TO_TL  # noqa: E402
 from tilelang_ops.testing.compress_store import GpuCase, gpu_batch, run_step  # noqa: E402
-from tools.cuda_emu import WORK, Emu  # noqa: E402
+from tools.cuda_emu import WORK, Emu, cached_text  # noqa: E402
 
 SRC = f"{WORK}/cs_src"  # generated sources, keyed by a hash of the static arguments and the kernels' code
 os.makedirs(SRC, exist_ok=True)
@@ -34,10 +34,8 @@ def source(static):
     """Generated CUDA of the prefill kernel (static ends in its config) or the decode kernel."""
     prefill = isinstance(static[-1], cs.CompressStoreConfig)
     key = f"{SRC}/{_KHASH}_{hashlib.md5(repr(static).encode()).hexdigest()[:16]}.cu"
-    if not os.path.exists(key):
-        factory = cs.compress_store_prefill_kernel if prefill else cs.compress_store_decode_kernel
-        open(key, "w").write(compile_for_sm90(factory, *static).get_kernel_source())
-    return open(key).read()
+    factory = cs.compress_store_prefill_kernel if prefill else cs.compress_store_decode_kernel
+    return cached_text(key, lambda: compile_for_sm90(factory, *static).get_kernel_source())
 
 
 _emus = {}

@@ -35,7 +35,7 @@ from tilelang_ops.testing.kv_store import (  # noqa: E402
     make_inputs,
     no_options,
 )
-from tools.cuda_emu import WORK, Emu  # noqa: E402
+from tools.cuda_emu import WORK, Emu, cached_text  # noqa: E402
 
 SRC = f"{WORK}/kv_src"  # generated sources, keyed by a hash of the static arguments and the package's code
 os.makedirs(SRC, exist_ok=True)
@@ -87,10 +87,7 @@ inline uint __byte_perm(uint x, uint y, uint s) {
 
 def source(static):
     key = f"{SRC}/{_KHASH}_{__import__('hashlib').md5(repr(static).encode()).hexdigest()[:16]}.cu"
-    if not os.path.exists(key):
-        src = compile_for_sm90(K.kv_store_kernel, *static).get_kernel_source()
-        open(key, "w").write(src)
-    return open(key).read()
+    return cached_text(key, lambda: compile_for_sm90(K.kv_store_kernel, *static).get_kernel_source())
 
 # kv_store.AMAX_PRELUDE's max.xorsign.abs.bf16x2: per half the larger magnitude (as integers: the same order
 # for finite non-negative BF16), the sign a ^ b

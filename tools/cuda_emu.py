@@ -127,14 +127,48 @@ def build(src):
     names = [p.strip().split()[-1] for p in params_c.split(",")]
     types = [" ".join(p.strip().split()[:-1]) for p in params_c.split(",")]
     code = SHIM + body + _launcher(kname, params_c, names)
-    h = hashlib.md5(code.encode()).hexdigest()[:12]
-    os.makedirs(WORK, exist_ok=True)
-    cpp, so = f"{WORK}/emu_{h}.cpp", f"{WORK}/emu_{h}.so"
-    if not os.path.exists(so):
-        open(cpp, "w").write(code)
-        subprocess.check_call(["g++", "-O1", "-std=c++20", "-ffp-contract=off", "-fno-strict-aliasing", "-shared",
-                               "-fPIC", "-pthread", "-w", cpp, "-o", so])
+    so = shared_library(code, WORK, "emu", ["-O1", "-std=c++20", "-ffp-contract=off", "-fno-strict-aliasing",
+                                             "-pthread"])
     return ctypes.CDLL(so), names, types
+
+
+def cached_text(path: str, make) -> str:
+    """The text at ``path``, made by ``make()`` and written once (a temporary file renamed into place, so a
+    parallel test worker never reads a half-written file)."""
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        text = make()
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        return text
+    with open(path) as f:
+        return f.read()
+
+
+def shared_library(code: str, work: str, stem: str, flags: list[str]) -> str:
+    """The path of ``code`` built by g++ with ``flags`` into ``work/<stem>_<hash>.so`` (its source beside it),
+    built once.
+
+    Parallel test workers build the same kernel at the same time: each writes its own temporary files and
+    renames the library into place, so no process loads a library another is still writing."""
+    h = hashlib.md5((code + " ".join(flags)).encode()).hexdigest()[:12]
+    so = f"{work}/{stem}_{h}.so"
+    if not os.path.exists(so):
+        os.makedirs(work, exist_ok=True)
+        tmp = f"{so}.{os.getpid()}.tmp"
+        with open(f"{tmp}.cpp", "w") as f:
+            f.write(code)
+        try:
+            subprocess.check_call(["g++", *flags, "-shared", "-fPIC", "-w", f"{tmp}.cpp", "-o", tmp])
+            os.replace(f"{tmp}.cpp", so[:-3] + ".cpp")  # kept beside the library, for reading
+            os.replace(tmp, so)
+        finally:
+            for leftover in (tmp, f"{tmp}.cpp"):
+                if os.path.exists(leftover):
+                    os.remove(leftover)
+    return so
 
 
 class Emu:

@@ -14,10 +14,10 @@ cluster (the kernel's DSMEM helpers are replaced by these in tools/check_topk_em
 Used by tools/check_topk_emu.py.
 """
 import ctypes
-import hashlib
 import os
 import re
-import subprocess
+
+from tools.cuda_emu import shared_library
 
 WORK = os.environ.get("FIBER_EMU_DIR", "/tmp/fiber_emu")
 # the schedules a launch takes (the shim's g_sched is the position): random switches, warp-serial
@@ -238,12 +238,7 @@ extern "C" int launch(int grid, int gridy, int threads, int cluster, unsigned se
 }}
 '''
     code = SHIM + "\n#include <algorithm>\n" + body + launcher
-    h = hashlib.md5((code + opt).encode()).hexdigest()[:12]
-    cpp, so = f"{WORK}/{name}_{h}.cpp", f"{WORK}/{name}_{h}.so"
-    if not os.path.exists(so):
-        open(cpp, "w").write(code)
-        subprocess.check_call(["g++", opt, "-std=c++20", "-fno-strict-aliasing", "-shared", "-fPIC", "-w",
-                               cpp, "-o", so])
+    so = shared_library(code, WORK, name, [opt, "-std=c++20", "-fno-strict-aliasing"])
     return ctypes.CDLL(so), names, types
 
 

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from tools.cuda_emu import cached_text  # noqa: E402
 from tools.fiber_emu import SCHEDULES, WORK, build  # noqa: E402
 
 EMU_PRELUDE = r"""
@@ -146,16 +147,17 @@ def lowered_source(factory, *static) -> str:
     """The kernel's CUDA source from tilelang.lower (no nvcc), cached on disk."""
     key = os.path.join(SRC_DIR, f"{factory.__name__ if hasattr(factory, '__name__') else 'k'}_{_module_hash()}_"
                        + hashlib.md5(repr(static).encode()).hexdigest()[:10] + ".cu")
-    if not os.path.exists(key):
+
+    def lower() -> str:
         import tilelang
         from tilelang import tvm
 
         func = factory.get_tir(*static)
         target = {"kind": "cuda", "arch": "sm_90a"}
         with tvm.target.Target(target), tvm.transform.PassContext(config=factory.pass_configs or {}):
-            src = tilelang.lower(func, target=target).kernel_source
-        open(key, "w").write(src)
-    return open(key).read()
+            return tilelang.lower(func, target=target).kernel_source
+
+    return cached_text(key, lower)
 
 
 def emu_source(src: str) -> str:
