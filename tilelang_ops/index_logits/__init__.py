@@ -170,6 +170,16 @@ def _paged_static(q_codes, q_scales, weights, index_cache, block_tables, klen, m
     return geom, config, kernel_static(mode, geom.heads, config, vec16)
 
 
+def _paged_logits(geom, max_klen, device) -> torch.Tensor:
+    """A paged call's new output: [b, n, max_klen] fp32."""
+    return torch.empty((geom.b, geom.n, max_klen), dtype=torch.float32, device=device)
+
+
+def _ragged_logits(geom, max_width, device) -> torch.Tensor:
+    """A ragged call's new output: [T, max_width] fp32."""
+    return torch.empty((geom.t, max_width), dtype=torch.float32, device=device)
+
+
 def _no_candidates(geom, q_codes) -> torch.Tensor:
     """The candidate-blocks argument of a call without candidates (the kernel reads none of it)."""
     return dummy(q_codes.device, torch.int32, (geom.b, geom.n, 1), fill=-1)
@@ -202,8 +212,7 @@ def paged_plan(q_codes, q_scales, weights, index_cache, block_tables, klen, max_
     geom, config, static = _paged_static(q_codes, q_scales, weights, index_cache, block_tables, klen,
                                          max_klen, candidate_blocks, candidate_block_size, clean, out,
                                          config, sms)
-    logits = out if out is not None else torch.empty((geom.b, geom.n, max_klen), dtype=torch.float32,
-                                                     device=q_codes.device)
+    logits = out if out is not None else _paged_logits(geom, max_klen, q_codes.device)
     no_candidates = _no_candidates(geom, q_codes) if candidate_blocks is None else None
     args, grid = _paged_args(geom, config, q_codes, q_scales, weights, index_cache, block_tables, klen,
                              candidate_blocks, candidate_block_size, clean, logits, no_candidates,
@@ -242,8 +251,7 @@ def ragged_plan(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width
     """(static key, kernel arguments, grid, logits, geometry) of a ``ragged_index_logits`` call."""
     geom, config, static = _ragged_static(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width,
                                           clean, out, config, sms)
-    logits = out if out is not None else torch.empty((geom.t, max_width), dtype=torch.float32,
-                                                     device=q_codes.device)
+    logits = out if out is not None else _ragged_logits(geom, max_width, q_codes.device)
     args, grid = _ragged_args(geom, config, q_codes, q_scales, weights, k_codes, k_scales, ks, ke, clean,
                               logits, contiguous=False)
     return static, args, grid, logits, geom
@@ -332,8 +340,7 @@ def _paged_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, index_cache:
     args = (q_codes, q_scales, weights, index_cache, block_tables, klen, max_klen, candidate_blocks,
             candidate_block_size, clean)
     plan_ = _PAGED_PLANS(args)
-    geom = plan_[0]
-    logits = torch.empty((geom.b, geom.n, max_klen), dtype=torch.float32, device=q_codes.device)
+    logits = _paged_logits(plan_[0], max_klen, q_codes.device)
     _paged_launch(logits, plan_, *args[:6], *args[7:])
     return logits
 
@@ -407,7 +414,7 @@ def _ragged_impl(q_codes: Tensor, q_scales: Tensor, weights: Tensor, k_codes: Te
                  clean: bool = False) -> Tensor:
     args = (q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean)
     plan_ = _RAGGED_PLANS(args)
-    logits = torch.empty((plan_[0].t, max_width), dtype=torch.float32, device=q_codes.device)
+    logits = _ragged_logits(plan_[0], max_width, q_codes.device)
     _ragged_launch(logits, plan_, *args[:7], clean)
     return logits
 
@@ -465,9 +472,7 @@ def paged_index_logits(q_codes, q_scales, weights, index_cache, block_tables, kl
             candidate_block_size, clean)
     if config is not None:
         plan_ = _paged_plan(*args, out, config=config)
-        geom = plan_[0]
-        logits = out if out is not None else torch.empty((geom.b, geom.n, max_klen), dtype=torch.float32,
-                                                         device=q_codes.device)
+        logits = out if out is not None else _paged_logits(plan_[0], max_klen, q_codes.device)
         _paged_launch(logits, plan_, *args[:6], *args[7:])
         return logits
     if out is None:
@@ -489,8 +494,7 @@ def ragged_index_logits(q_codes, q_scales, weights, k_codes, k_scales, ks, ke, m
     args = (q_codes, q_scales, weights, k_codes, k_scales, ks, ke, max_width, clean)
     if config is not None:
         plan_ = _ragged_plan(*args, out, config=config)
-        logits = out if out is not None else torch.empty((plan_[0].t, max_width), dtype=torch.float32,
-                                                         device=q_codes.device)
+        logits = out if out is not None else _ragged_logits(plan_[0], max_width, q_codes.device)
         _ragged_launch(logits, plan_, *args[:7], clean)
         return logits
     if out is None:
