@@ -1,6 +1,5 @@
-"""python -m benchmarks [OP ...] [--sweep] [--sweep-formats F,...] [--cases C,...] [--no-torch-peers]: run the
-benchmark
-modules (all by default) on CUDA.
+"""python -m benchmarks [OP ...] [--sweep] [--sweep-formats F,...] [--cases C,...] [--no-torch-peers]: run
+the benchmark modules (all by default) on CUDA.
 
 Prints a table and one BENCH line per case, writes them to bench_results/latest.txt, and merges each
 operator's records into bench_results/<device>.jsonl (+ its plot) as soon as its module finishes.

@@ -24,7 +24,6 @@ from tilelang_ops.testing.compress_store import GpuCase, gpu_batch, run_step  # 
 from tools.cuda_emu import WORK, Emu, cached_text  # noqa: E402
 
 SRC = f"{WORK}/cs_src"  # generated sources, keyed by a hash of the static arguments and the kernels' code
-os.makedirs(SRC, exist_ok=True)
 _KHASH = hashlib.md5(open(cs.__file__, "rb").read()).hexdigest()[:8]
 TWIN = (compress_store_prefill_torch, compress_store_decode_torch)
 C = cs.CompressStoreConfig

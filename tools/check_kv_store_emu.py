@@ -38,7 +38,6 @@ from tilelang_ops.testing.kv_store import (  # noqa: E402
 from tools.cuda_emu import WORK, Emu, cached_text  # noqa: E402
 
 SRC = f"{WORK}/kv_src"  # generated sources, keyed by a hash of the static arguments and the package's code
-os.makedirs(SRC, exist_ok=True)
 _KHASH = __import__("hashlib").md5(b"".join(
     open(os.path.join(os.path.dirname(K.__file__), f), "rb").read()
     for f in sorted(os.listdir(os.path.dirname(K.__file__))) if f.endswith(".py"))).hexdigest()[:8]

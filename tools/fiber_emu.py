@@ -22,7 +22,6 @@ from tools.cuda_emu import shared_library
 WORK = os.environ.get("FIBER_EMU_DIR", "/tmp/fiber_emu")
 # the schedules a launch takes (the shim's g_sched is the position): random switches, warp-serial
 SCHEDULES = ("random", "warps")
-os.makedirs(WORK, exist_ok=True)
 
 SHIM = r'''// CPU emulation of a CUDA thread block: one fiber (ucontext) per CUDA thread, a random scheduler,
 // __syncthreads and warp intrinsics as barriers (all lanes of a warp must reach the same call site).

@@ -129,7 +129,6 @@ inline float il_key_scale(float s, int e) {
 """
 
 SRC_DIR = os.path.join(WORK, "index_logits_src")
-os.makedirs(SRC_DIR, exist_ok=True)
 
 
 def _module_hash() -> str:
