@@ -14,6 +14,7 @@ import torch
 
 from metadata.cache_engine import check_compress_ratio, check_ring_capacity, check_state_ratio
 from metadata.checks import check_int, check_same_device, check_tensor, describe
+from metadata.gather_rows_args import c1_prefill_rows, c1_reverse_index
 
 
 @dataclass(frozen=True)
@@ -183,20 +184,26 @@ def _metadata_rows(metadata, compress_ratio: int):
     return num if isinstance(num, int) and not isinstance(num, bool) else None
 
 
-def dispatch_compress(prefill_fn, decode_fn, projected_kv, state_cache, metadata, compress_ratio: int,
-                      is_prefill: bool, *, compress_overlap: bool = False, use_ape: bool = False):
+def dispatch_compress(prefill_fn, decode_fn, gather_fn, projected_kv, state_cache, metadata,
+                      compress_ratio: int, is_prefill: bool, *, compress_overlap: bool = False,
+                      use_ape: bool = False):
     """The engine's ``compress`` entry point, shared by the reference and the kernel wrapper.
 
-    C1 passes its BF16 input through (no state); C2 calls ``prefill_fn`` or ``decode_fn`` with the
-    fields of ``metadata`` (an ``InputMetadata``, duck-typed: ``cu_seqlens_q, context_lens,
-    state_block_idx, max_seqlen_q`` and ``cu_compressed[str(r)]``, optionally ``num_rows[str(r)]``).
+    C1 passes its BF16 input through (no state): under context parallelism (the metadata carries
+    ``mirror_cp_reverse_index``) as ``gather_fn(projected_kv, mirror_cp_reverse_index)``, the batch's
+    order (SPEC 6), and a prefill request with no new token gets its zero placeholder row
+    (``c1_prefill_rows``). C2 calls ``prefill_fn`` or ``decode_fn`` with the fields of ``metadata`` (an
+    ``InputMetadata``, duck-typed: ``cu_seqlens_q, context_lens, state_block_idx, max_seqlen_q`` and
+    ``cu_compressed[str(r)]``, optionally ``num_rows[str(r)]``).
     """
+    index = c1_reverse_index(projected_kv, metadata, compress_ratio)
     check_compress_ratio(compress_ratio, compress_overlap=compress_overlap, use_ape=use_ape)
     if not isinstance(is_prefill, bool):
         raise TypeError(f"is_prefill must be a bool, got {describe(is_prefill)}")
     if compress_ratio == 1:
         check_tensor("projected_kv", projected_kv, dtype=torch.bfloat16, ndim=2)
-        return projected_kv
+        kv = projected_kv if index is None else gather_fn(projected_kv, index)
+        return c1_prefill_rows(kv, metadata, is_prefill)
     if is_prefill:
         cu_compressed = _field(metadata, "cu_compressed")
         key = str(compress_ratio)

@@ -32,7 +32,6 @@ from metadata.compress_args import (
     dispatch_compress,
     prefill_row_counts,
 )
-from metadata.gather_rows_args import c1_prefill_rows, c1_reverse_index
 from reference.gather_rows import gather_rows_ref
 
 SCORE, LATENT = 0, 1  # axis 2 of state_cache
@@ -149,12 +148,9 @@ def compress_ref(projected_kv, state_cache, metadata, compress_ratio, is_prefill
     metadata carries ``mirror_cp_reverse_index``) C1 takes the all-gathered rows and returns them in the
     batch's order: ``gather_rows_ref(projected_kv, mirror_cp_reverse_index)`` (SPEC 6). A prefill
     request with no new token gets its zero placeholder row (``c1_prefill_rows``)."""
-    index = c1_reverse_index(projected_kv, metadata, compress_ratio)
-    kv = dispatch_compress(compress_prefill_ref, compress_decode_ref, projected_kv, state_cache, metadata,
-                           compress_ratio, is_prefill, compress_overlap=compress_overlap, use_ape=use_ape)
-    if compress_ratio != 1:
-        return kv
-    return c1_prefill_rows(kv if index is None else gather_rows_ref(kv, index), metadata, is_prefill)
+    return dispatch_compress(compress_prefill_ref, compress_decode_ref, gather_rows_ref,
+                             projected_kv, state_cache, metadata, compress_ratio, is_prefill,
+                             compress_overlap=compress_overlap, use_ape=use_ape)
 
 
 # ----------------------------------------------------------------------------------------------

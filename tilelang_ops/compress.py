@@ -28,7 +28,6 @@ from metadata.compress_args import (
     check_prefill_values,
     dispatch_compress,
 )
-from metadata.gather_rows_args import c1_prefill_rows, c1_reverse_index
 from tilelang_ops._library import Plans, call_op, dense, kernel, register_op
 from tilelang_ops.gather_rows import gather_rows
 
@@ -459,9 +458,6 @@ def compress(projected_kv, state_cache, metadata, compress_ratio, is_prefill, *,
     metadata carries ``mirror_cp_reverse_index``) C1 takes the all-gathered rows and returns them in the
     batch's order: ``gather_rows(projected_kv, mirror_cp_reverse_index)`` (SPEC 6). A prefill
     request with no new token gets its zero placeholder row (``c1_prefill_rows``)."""
-    index = c1_reverse_index(projected_kv, metadata, compress_ratio)
-    kv = dispatch_compress(compress_prefill, compress_decode, projected_kv, state_cache, metadata,
-                           compress_ratio, is_prefill, compress_overlap=compress_overlap, use_ape=use_ape)
-    if compress_ratio != 1:
-        return kv
-    return c1_prefill_rows(kv if index is None else gather_rows(kv, index), metadata, is_prefill)
+    return dispatch_compress(compress_prefill, compress_decode, gather_rows,
+                             projected_kv, state_cache, metadata, compress_ratio, is_prefill,
+                             compress_overlap=compress_overlap, use_ape=use_ape)
