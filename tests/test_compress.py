@@ -600,6 +600,27 @@ def test_kernels_build_for_sm90(dim, r):
         assert "(int64_t)" in src, "row offsets must be 64-bit (1M tokens x 1024 floats > 2^31)"
 
 
+@pytest.mark.parametrize("case_id", ["prefill_r2_d512_chunk_over_ring", "decode_r2_d512_q6_min_ring"])
+def test_cpu_emulator_runs_the_kernels(case_id):
+    """The generated CUDA of each kernel run on the CPU (tools/check_compress_emu.py, one thread per CUDA
+    thread), blocks in reverse order, on a ``make diff`` case: rows within one BF16 ulp of the loop
+    reference (the C library's expf against torch's exp), ring bitwise. The prefill case starts a chunk
+    inside a group (its first row reads the ring) and is longer than the ring; the decode case has
+    six-token steps at the minimum ring."""
+    from tools import check_compress_emu as emu
+
+    for comparison in emu.check_case(case_id, orders=("reverse",)):
+        comparison.check()
+
+
+@pytest.mark.parametrize("name", ["prefill_ring_read_of_the_next_slot",
+                                  "decode_latent_of_the_other_position"])
+def test_cpu_emulator_catches_a_broken_kernel(name):
+    from tools import check_compress_emu as emu
+
+    assert emu.mutation_caught(name)
+
+
 def test_kernel_wrappers_reject_bad_input_on_cpu():
     """Host checks run before any launch, also on a CPU-only machine."""
     from tilelang_ops.compress import compress, compress_decode, compress_prefill

@@ -49,6 +49,13 @@ def _rows_per_pass(dim: int) -> int:
     return THREADS // math.gcd(vectors, THREADS)
 
 
+def rows_per_block(dim: int, prefill: bool) -> int:
+    """Output rows of one CTA: decode one pass of the block's threads, prefill at least
+    ``PREFILL_MIN_ROWS`` (whole passes)."""
+    rows_pass = _rows_per_pass(dim)
+    return rows_pass * max(1, -(-PREFILL_MIN_ROWS // rows_pass)) if prefill else rows_pass
+
+
 def _check_dim(dim: int) -> None:
     if dim % DIM_ALIGN:
         raise ValueError(f"the compress kernel needs D to be a multiple of {DIM_ALIGN}, got D={dim}")
@@ -67,8 +74,7 @@ def compress_prefill_kernel(dim: int, compress_ratio: int, ring: int = 0):
     """
     r = compress_ratio
     vectors = dim // VEC  # 16 B vectors per latent row (half of a projected row)
-    rows_pass = _rows_per_pass(dim)
-    rows = rows_pass * max(1, -(-PREFILL_MIN_ROWS // rows_pass))  # rows per block
+    rows = rows_per_block(dim, prefill=True)
     iters = rows * vectors // THREADS  # passes over the block's row vectors
     num_tokens, num_rows, num_reqs, num_slots, ring_dyn = T.dynamic(
         "num_tokens, num_rows, num_reqs, num_slots, ring_size")
@@ -226,7 +232,7 @@ def compress_decode_kernel(dim: int, compress_ratio: int, ring: int = 0):
     """
     r = compress_ratio
     vectors = dim // VEC
-    rows = _rows_per_pass(dim)
+    rows = rows_per_block(dim, prefill=False)
     iters = rows * vectors // THREADS
     num_tokens, num_slots, ring_dyn = T.dynamic("num_tokens, num_slots, ring_size")
     S = ring if ring else ring_dyn
