@@ -9,7 +9,7 @@ two internally; no public path reaches another ratio.
 
 from __future__ import annotations
 
-from metadata.checks import check_int, describe
+from metadata.checks import check_int, describe, is_int
 
 # 5 draft tokens + 1 verified token: the speculative-decoding step the engine sizes rings for.
 DEFAULT_MAX_BACKTRACKING_TOKENS = 6
@@ -25,7 +25,7 @@ def check_compress_ratio(compress_ratio: int, *, compress_overlap: bool = False,
         raise ValueError("compress_overlap=True is not supported (the released engine rejects it)")
     if use_ape:
         raise ValueError("use_ape=True is not supported (the released engine rejects it)")
-    if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, int):
+    if not is_int(compress_ratio):
         raise TypeError(f"compress_ratio must be an int, got {describe(compress_ratio)}")
     if compress_ratio not in SUPPORTED_COMPRESS_RATIOS:
         raise ValueError(

@@ -38,18 +38,39 @@ def describe(value) -> str:
     return f"{type(value).__name__} {text if len(text) <= 80 else text[:77] + '...'}"
 
 
+# the scalars a host check takes where an int / a float goes; torch.compile passes the symbolic ones
+# (torch.SymInt / SymFloat) for Python scalars it traces without specializing: their comparisons become
+# the compiled graph's guards
+INTS = (int, torch.SymInt)
+REALS = (int, float, torch.SymInt, torch.SymFloat)
+
+
+def is_int(value) -> bool:
+    """A Python int (or a traced one), not a bool."""
+    return isinstance(value, INTS) and not isinstance(value, bool)
+
+
+def is_real(value) -> bool:
+    """A Python int or float (or a traced one), not a bool."""
+    return isinstance(value, REALS) and not isinstance(value, bool)
+
+
 def check_int(name: str, value, *, lo: int | None = None, hi: int | None = None) -> int:
     """``value`` as a Python int, else TypeError; outside ``[lo, hi]`` (bounds given), ValueError.
 
     Integer scalars that define ``__index__`` (numpy ints) are accepted; bools and tensors are not (a
-    host check never reads a device value).
+    host check never reads a device value). A ``torch.SymInt`` (an int that ``torch.compile`` traces
+    symbolically) passes as it is: the bounds then become guards instead of specializing its value.
     """
     if isinstance(value, bool) or isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be an int, got {describe(value)}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {describe(value)}") from None
+    if isinstance(value, torch.SymInt):
+        v = value
+    else:
+        try:
+            v = operator.index(value)
+        except TypeError:
+            raise TypeError(f"{name} must be an int, got {describe(value)}") from None
     if lo is not None and hi is not None and not lo <= v <= hi:
         raise ValueError(f"{name}={v} is outside [{lo}, {hi}]")
     if lo is not None and v < lo:

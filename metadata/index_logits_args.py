@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from metadata.cache_format import FP4_INDEX_KV_FORMAT
-from metadata.checks import check_same_device, check_tensor
+from metadata.checks import check_same_device, check_tensor, is_int
 
 INDEX_DIM = FP4_INDEX_KV_FORMAT.dim  # 128 elements per index row
 CODE_BYTES = FP4_INDEX_KV_FORMAT.data_bytes  # 64: two e2m1 codes per byte
@@ -48,7 +48,7 @@ class RaggedGeometry:
 
 
 def _check_host_int(name: str, v, lo: int = 0) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
+    if not is_int(v):
         raise TypeError(f"{name} must be a host int, got {type(v).__name__} {v!r}")
     if v < lo:
         raise ValueError(f"{name} must be >= {lo}, got {v}")

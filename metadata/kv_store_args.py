@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from metadata.cache_format import KVCacheFormat
-from metadata.checks import check_same_device, check_tensor, describe, same_start
+from metadata.checks import check_same_device, check_tensor, describe, is_int, is_real, same_start
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
@@ -39,11 +39,11 @@ def check_store_args(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv
         raise ValueError(f"kv must have shape (rows, {dim}) for {fmt.name}, got {tuple(kv.shape)}")
     rows = kv.shape[0]
     check_tensor("norm_weight", norm_weight, dtype=WEIGHT_DTYPES, shape=(dim,))
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+    if not is_real(eps):
         raise TypeError(f"eps must be a Python float, got {describe(eps)}")
-    if not (math.isfinite(eps) and eps >= 0):
+    if not (eps >= 0 and eps < math.inf):  # NaN fails both
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
-    if isinstance(rope_dim, bool) or not isinstance(rope_dim, int):
+    if not is_int(rope_dim):
         raise TypeError(f"rope_dim must be an int, got {describe(rope_dim)}")
     if rope_dim <= 0 or rope_dim % 2 or rope_dim > dim:
         raise ValueError(f"rope_dim must be even and in [2, {dim}], got {rope_dim}")

@@ -677,6 +677,62 @@ def _check_compiled_step(device):
         _bitwise(f"{name} after the compiled step", compiled_in[i], eager_in[i])
 
 
+# a second decode batch for the dynamic-shape test: other request count, contexts, tokens per request
+STEP_OTHER = PathCase("step_other", prefill=False, seqlens_k=(500, 90, 1200, 333, 2048), seqlen_q=2, k=128)
+
+
+def test_every_op_traces_with_dynamic_shapes():
+    """``torch.compile(dynamic=True)``: every op's call traces into one graph with symbolic sizes and ints
+    (the host checks take ``torch.SymInt`` / ``SymFloat``; static arguments such as the compress ratio
+    are specialized by guards), and gives the outputs the eager fake gives."""
+    for case in CASES:
+        graphs = []
+
+        def backend(gm, example_inputs, graphs=graphs):
+            graphs.append(gm)
+            return gm.forward
+
+        fn, call = case.fn, case.call("cpu")
+        with FakeTensorMode(shape_env=ShapeEnv()):
+            fake = to_fake_cuda(call)
+            want = _meta(fn(*fake.args.values(), **fake.kwargs))
+            torch._dynamo.reset()
+            got = torch.compile(lambda *a, fn=fn, **kw: fn(*a, **kw), backend=backend, fullgraph=True,
+                                dynamic=True)(*fake.args.values(), **fake.kwargs)
+        assert len(graphs) == 1, case.id
+        sizes = [n for n in graphs[0].graph.nodes
+                 if n.op == "placeholder" and isinstance(n.meta.get("example_value"), torch.SymInt)]
+        assert sizes, f"{case.id}: no symbolic size in the graph"
+        assert _meta(got) == want, case.id
+
+
+def test_dynamic_decode_step_serves_other_shapes_without_recompiling(reference_cpu_kernels):
+    """A decode step compiled with ``dynamic=True`` (aot_eager: functionalized, symbolic sizes) serves a
+    batch of other request count, contexts and block-table width without compiling again, bitwise equal
+    to eager each time, with the references as the ops' CPU kernels. Duck sizing is off: it would tie
+    sizes that happen to be equal in the first batch (a block-table width and a ring size) and recompile
+    for the second, whatever the ops do. The step size ``n`` and the static arguments (heads, k, ratio,
+    formats) select kernels, so they are guarded, not symbolic."""
+    import torch.fx.experimental._config as fx_config
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    compiled = torch.compile(decode_step, backend=counter, fullgraph=True, dynamic=True)
+    frames = []
+    with fx_config.patch(use_duck_shape=False):
+        for case in (STEP, STEP_OTHER):
+            inputs, ints = decode_step_args(build_path(case, "cpu"))
+            eager_in, compiled_in = _clone(inputs), _clone(inputs)
+            want = decode_step(*eager_in, **ints)
+            got = compiled(*compiled_in, **ints)
+            frames.append(counter.frame_count)
+            _bitwise(f"{case.id} compiled step", _written(got, inputs[KLEN]), _written(want, inputs[KLEN]))
+            for i, name in ((1, "state ring"), (9, "main cache"), (12, "index cache")):
+                _bitwise(f"{case.id}: {name} after the compiled step", compiled_in[i], eager_in[i])
+    assert frames[1] == frames[0], f"the second batch compiled again ({frames})"
+
+
 @needs_cuda
 def test_compiled_decode_step_is_bitwise_eager():
     _check_compiled_step("cuda")
