@@ -399,6 +399,23 @@ def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
     assert strided >= 10, f"only {strided} calls with a strided input reached a launch"
 
 
+def test_has_memory_tells_real_tensors_from_traced_ones():
+    """The address checks (``same_start``, ``check_aligned``) read addresses only of tensors with memory: a
+    plain tensor (its fast path) or a functional wrapper of one; never a meta or fake tensor, or a
+    functional wrapper of a fake (what functionalization hands a kernel while tracing)."""
+    from metadata.checks import has_memory, same_start
+
+    x = torch.zeros(4)
+    assert has_memory(x) and same_start(x, x[:2]) and not same_start(x, x[1:])
+    assert has_memory(torch._to_functional_tensor(x))
+    assert not has_memory(torch.empty(4, device="meta"))
+    with FakeTensorMode():
+        fake = torch.empty(4, device="cuda")
+    assert not has_memory(fake) and not same_start(fake, fake)
+    wrapped = torch._to_functional_tensor(fake)
+    assert type(wrapped) is torch.Tensor and not has_memory(wrapped)
+
+
 def test_an_address_check_runs_on_every_call(monkeypatch):
     """A cached plan does not skip the one host check that reads addresses (out_norm starting where kv
     does): after a clean call, the same static key with out_norm = kv raises before any launch."""
