@@ -1,6 +1,7 @@
 """Command lines on the CPU: `--help` of `python -m tilelang_ops`, `python -m benchmarks` and
 `tools/profile_ncu.py` exits 0 and lists what each runs; the benchmark options reach the modules' `run`.
-The emulators' build cache is safe for parallel test workers."""
+The emulators' build cache is safe for parallel test workers; tools/host_cost.py times two ops and
+restores what it patched."""
 
 import ctypes
 import inspect
@@ -93,3 +94,25 @@ def test_emulator_builds_are_safe_for_parallel_workers(tmp_path):
     assert cached_text(path, lambda: made.append(1) or "text") == "text"
     assert cached_text(path, lambda: made.append(1) or "other") == "text" and made == [1]
     assert sorted(os.listdir(tmp_path / "src")) == ["k.cu"]
+
+
+def test_host_cost_times_the_python_layers_and_leaves_nothing_patched():
+    """tools/host_cost.py on two ops: a time per call for each and for its torch references; afterwards the
+    device check, the compile helper and the device properties are the real ones again."""
+    import importlib
+
+    import torch
+
+    from tilelang_ops import _library
+    from tools.host_cost import measure
+
+    compress = importlib.import_module("tilelang_ops.compress")  # (the package exports the function)
+
+    check, helper, props = compress.check_cuda, compress.kernel, torch.cuda.get_device_properties
+    got = measure(["compress_decode", "topk"], calls=3, repeats=2)
+    assert set(got) == {"torch.add", "torch.empty", "compress_decode", "topk"}
+    assert all(us > 0 for us in got.values()), got
+    assert (compress.check_cuda, compress.kernel, torch.cuda.get_device_properties) == (check, helper, props)
+    assert compress.kernel is _library.kernel
+    with pytest.raises(ValueError, match="unknown cases"):
+        measure(["nosuchcase"])

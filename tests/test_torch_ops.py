@@ -28,6 +28,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import tilelang_ops
 from tilelang_ops.testing import bad_input as B
+from tilelang_ops.testing.cpu_launch import accept_cpu_tensors, eager_on_the_cpu
 from tilelang_ops.testing.index_path import PathCase, build_path, decode_step, decode_step_args
 from tilelang_ops.testing.torch_ops import CASES, MUTATES, OP_CASES, outputs, to_fake_cuda
 
@@ -291,14 +292,6 @@ def _check_impl_outputs_match_the_fake(case):
     assert got == fake, f"{case.id}: implementation {got}, fake {fake}"
 
 
-def _accept_cpu_tensors(mp):
-    """Every loaded tilelang_ops module's device check passes CPU tensors (so the ops run on the CPU up to
-    their launches, or through references standing in for their kernels)."""
-    for name, module in list(sys.modules.items()):
-        if name.startswith("tilelang_ops") and module is not None and hasattr(module, "check_cuda"):
-            mp.setattr(module, "check_cuda", lambda **tensors: torch.device("cpu"))
-
-
 _TL_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
               torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8", torch.int8: "int8"}
 
@@ -352,11 +345,9 @@ def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
     launch's arguments bound to that prim_func's parameters as its TVM-FFI host code binds them
     (``bind_launch``: what the CUDA tier would otherwise find first), strided inputs included; each op's
     outputs have its fake's shapes, strides and dtypes."""
-    import types
 
     from tvm.target import Target
 
-    from tilelang_ops import _library
     from tilelang_ops.build import SM90_TARGET
 
     funcs: dict = {}
@@ -372,20 +363,8 @@ def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
             bind_launch(funcs[key], args, f"{name}{static}")
         return launch
 
-    props = types.SimpleNamespace(multi_processor_count=132, L2_cache_size=50 << 20, total_memory=80 << 30)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
-    _accept_cpu_tensors(monkeypatch)
-    compile_helper = _library.kernel
-    for name, module in list(sys.modules.items()):
-        if not name.startswith("tilelang_ops") or module is None:
-            continue
-        for attr, value in vars(module).copy().items():
-            if value is compile_helper:  # under whatever name a module imported it
-                monkeypatch.setattr(module, attr, bound)
-    monkeypatch.setattr(sys.modules["tilelang_ops.topk.launch"], "device_props", lambda device: props)
-    _library.forget_plans()
     strided = 0
-    try:
+    with eager_on_the_cpu(bound, monkeypatch.setattr):
         for case in CASES:
             case.call("cpu").fresh()(case.fn)
             _check_impl_outputs_match_the_fake(case)
@@ -393,8 +372,6 @@ def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
         step, tensors = _step("cpu")
         step(*tensors)
         _launch_with_configs()
-    finally:
-        _library.forget_plans()  # the plans hold the stand-in launches
     assert len(funcs) >= len({c.op for c in CASES}) - 2, list(funcs)
     assert strided >= 10, f"only {strided} calls with a strided input reached a launch"
 
@@ -423,7 +400,7 @@ def test_an_address_check_runs_on_every_call(monkeypatch):
     from tilelang_ops import _library
 
     launches = []
-    _accept_cpu_tensors(monkeypatch)
+    accept_cpu_tensors(monkeypatch.setattr)
     monkeypatch.setattr(kv_store, "compiled", lambda *static: lambda *args: launches.append(args))
     case = OP_CASES["store_fp8_main"]
     call = case.call("cpu")
@@ -491,7 +468,7 @@ def test_quantize_launch_binds_every_leading_rank(monkeypatch, shape):
             func = factory.get_tir(*static)
         return lambda *args: launches.append(bind_launch(func, args, f"quantize{static}"))
 
-    _accept_cpu_tensors(monkeypatch)
+    accept_cpu_tensors(monkeypatch.setattr)
     monkeypatch.setattr(index_logits, "kernel", bound)
     _library.forget_plans()
     try:
@@ -626,7 +603,7 @@ def reference_cpu_kernels():
     with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "(?s).*Overriding a previously registered kernel")
         mp.setattr(_library, "_plain_untraced", lambda tensors: False)
-        _accept_cpu_tensors(mp)
+        accept_cpu_tensors(mp.setattr)
         for name in sorted({c.op for c in CASES}):
             op = _op(name)
             ref = _reference_kernel(op, next(c.ref for c in CASES if c.op == name))

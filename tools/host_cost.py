@@ -1,0 +1,74 @@
+"""The Python cost of each op's eager call, on the CPU: every host layer of a call (the Python API, the
+scalar checks, the launch plan's lookup, the output allocation, the version bumps) with its launch replaced
+by a no-op (``tilelang_ops.testing.cpu_launch``), on the small calls of the torch-integration tests. No GPU
+is needed; a GPU host adds the launch itself (``python -m benchmarks host`` measures the whole call there).
+Prints microseconds per call (the best of ``--repeats`` runs of ``--calls`` back-to-back calls), beside
+``torch.add`` and ``torch.empty`` on the same host for scale.
+
+    PYTHONPATH=. .venv/bin/python tools/host_cost.py [CASE ...] [--calls 1000] [--repeats 30]
+"""
+
+import argparse
+import os
+import sys
+import time
+from contextlib import ExitStack
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from tilelang_ops.testing.cpu_launch import eager_on_the_cpu, patcher  # noqa: E402
+from tilelang_ops.testing.torch_ops import CASES  # noqa: E402
+
+
+def best_us(fn, calls: int, repeats: int) -> float:
+    """Microseconds per call: the best of ``repeats`` runs of ``calls`` back-to-back calls (the minimum
+    leaves out what other processes on the host took)."""
+    for _ in range(min(calls, 100)):
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, time.perf_counter() - t0)
+    return best / calls * 1e6
+
+
+def _noop(*args):
+    return None
+
+
+def measure(case_ids=(), calls: int = 1000, repeats: int = 30) -> dict[str, float]:
+    """{case id: us per call} of the torch-integration cases (all, or those named), and of ``torch.add``
+    ([64, 64] fp32) and ``torch.empty`` ([64, 512] bf16) for scale."""
+    x = torch.randn(64, 64)
+    out = {"torch.add": best_us(lambda: torch.add(x, x), calls, repeats),
+           "torch.empty": best_us(lambda: torch.empty(64, 512, dtype=torch.bfloat16), calls, repeats)}
+    unknown = set(case_ids) - {c.id for c in CASES}
+    if unknown:
+        raise ValueError(f"unknown cases {sorted(unknown)}; known: {[c.id for c in CASES]}")
+    with ExitStack() as stack, eager_on_the_cpu(lambda factory, *static: _noop, patcher(stack)):
+        for case in CASES:
+            if case_ids and case.id not in case_ids:
+                continue
+            call = case.call("cpu")
+            fn, args, kwargs = case.fn, tuple(call.args.values()), call.kwargs
+            out[case.id] = best_us(lambda fn=fn, a=args, kw=kwargs: fn(*a, **kw), calls, repeats)
+    return out
+
+
+def main(argv) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("cases", nargs="*", help="case ids of tilelang_ops.testing.torch_ops (default: all)")
+    p.add_argument("--calls", type=int, default=1000)
+    p.add_argument("--repeats", type=int, default=30)
+    args = p.parse_args(argv)
+    for name, us in measure(args.cases, args.calls, args.repeats).items():
+        print(f"{name:32s} {us:7.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
