@@ -393,6 +393,33 @@ def test_has_memory_tells_real_tensors_from_traced_ones():
     assert type(wrapped) is torch.Tensor and not has_memory(wrapped)
 
 
+def test_launches_keep_the_current_device():
+    """TVM's host code makes the kernel's device current and leaves it so: each launch restores the device
+    that was current before it (after an error too), and sets nothing when the device did not change."""
+    from tilelang_ops._library import keeps_current_device
+
+    state, sets = {"device": 0}, []
+
+    def set_device(d):
+        sets.append(d)
+        state["device"] = d
+
+    def kernel_on(device):
+        def fn(*args):
+            state["device"] = device  # what __tvm_set_device does
+            if args and args[0] == "fail":
+                raise RuntimeError("launch failed")
+            return args
+        return keeps_current_device(fn, lambda: state["device"], set_device)
+
+    assert kernel_on(1)(7, 8) == (7, 8) and state["device"] == 0 and sets == [0]
+    with pytest.raises(RuntimeError, match="launch failed"):
+        kernel_on(1)("fail")
+    assert state["device"] == 0 and sets == [0, 0]
+    kernel_on(0)(1)
+    assert sets == [0, 0], "a launch on the current device sets no device"
+
+
 def test_an_address_check_runs_on_every_call(monkeypatch):
     """A cached plan does not skip the one host check that reads addresses (out_norm starting where kv
     does): after a clean call, the same static key with out_norm = kv raises before any launch."""
@@ -629,6 +656,25 @@ def test_compiled_decode_step_is_bitwise_eager_on_the_cpu(reference_cpu_kernels)
     """The decode step compiled by inductor (functionalized in-place ops, reinplacing, the fakes' shapes)
     gives bitwise eager's outputs and writes, with the references as the ops' CPU kernels."""
     _check_compiled_step("cpu")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_an_op_on_another_gpu_leaves_the_current_device(case):
+    """Each op on cuda:1 tensors while cuda:0 is current: the same bytes as on cuda:0 (outputs and what it
+    writes; logits cleaned, so no column is left unwritten), and cuda:0 is still current afterwards."""
+    results = {}
+    for device in ("cuda:0", "cuda:1"):
+        torch.cuda.set_device(0)
+        call = case.call(device)
+        if "clean" in {**call.args, **call.kwargs}:
+            call = call.with_(clean=True)
+        out = call(case.fn)
+        torch.cuda.synchronize(device)
+        now = torch.cuda.current_device()
+        assert now == 0, f"{case.id} on {device} left cuda:{now} current"
+        results[device] = [t.cpu() for t in outputs(out)] + [t.cpu() for t in call.written().values()]
+    _bitwise(f"{case.id} cuda:1 vs cuda:0", results["cuda:1"], results["cuda:0"])
 
 
 @needs_cuda

@@ -296,15 +296,37 @@ def dummy(device: torch.device, dtype: torch.dtype, shape: tuple = (1,), fill=0)
     return t
 
 
+def keeps_current_device(fn: Callable, get_device: Callable[[], int],
+                         set_device: Callable[[int], None]) -> Callable:
+    """``fn``, after which the process's current device is the one before the call. TVM's host code makes
+    the device of the kernel's tensors current (``cudaSetDevice``) and leaves it so: a call on ``cuda:1``
+    data would otherwise move torch's current device, and every later ``device="cuda"`` with it. Costs
+    two device queries per launch; a call on the current device sets nothing."""
+    def launch(*args):
+        before = get_device()
+        try:
+            return fn(*args)
+        finally:
+            if get_device() != before:
+                set_device(before)
+
+    return launch
+
+
 def direct(jit_kernel) -> Callable:
     """The compiled function of a TileLang ``JITKernel``, called with every parameter (outputs
     included, in the kernel's order): the TVM-FFI executable itself, without the adapter's Python
-    argument stitching. Kernels of another execution backend are called through the kernel object."""
+    argument stitching, and with the current device kept (``keeps_current_device``). Kernels of another
+    execution backend are called through the kernel object."""
     adapter = getattr(jit_kernel, "adapter", None)
     get = getattr(adapter, "_get_executable", None)
     if get is None or getattr(adapter, "_ffi_callee_allocated_output_abi", False):
         return jit_kernel
-    return get()
+    get_device = getattr(torch._C, "_cuda_getDevice", None)
+    set_device = getattr(torch._C, "_cuda_setDevice", None)
+    if get_device is None or set_device is None:  # a CPU build of torch: nothing can launch
+        return get()
+    return keeps_current_device(get(), get_device, set_device)
 
 
 # --------------------------------------------------------------------------------------------------
