@@ -22,7 +22,7 @@ from reference.compress import compress_decode_ref, compress_prefill_ref  # noqa
 from tilelang_ops.build import compile_for_sm90  # noqa: E402
 from tilelang_ops.diffcases.compress import CASES, make_inputs  # noqa: E402
 from tilelang_ops.testing import compare_bf16_ulp, compare_bitwise  # noqa: E402
-from tools.cuda_emu import WORK, Emu, cached_text  # noqa: E402
+from tools.cuda_emu import WORK, Emu, cached_text, report_mutations  # noqa: E402
 
 # the module (the package exports the function ``compress`` under the same name)
 ck = importlib.import_module("tilelang_ops.compress")
@@ -119,12 +119,7 @@ def mutation_caught(name: str) -> bool:
 
 def main() -> int:
     if "--mutate" in sys.argv:
-        missed = 0
-        for name in MUTATIONS:
-            caught = mutation_caught(name)
-            missed += not caught
-            print(f"mutation {name}: {'caught' if caught else 'MISSED'}")
-        return missed
+        return report_mutations(MUTATIONS, mutation_caught)
     only = sys.argv[1:]
     bad = 0
     for case_id in CASES:

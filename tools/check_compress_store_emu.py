@@ -21,7 +21,7 @@ from reference.compress_store import compress_store_decode_torch, compress_store
 from tilelang_ops.build import compile_for_sm90  # noqa: E402
 from tilelang_ops.kv_store import _TORCH_TO_TL  # noqa: E402
 from tilelang_ops.testing.compress_store import GpuCase, gpu_batch, run_step  # noqa: E402
-from tools.cuda_emu import WORK, Emu, cached_text  # noqa: E402
+from tools.cuda_emu import WORK, Emu, cached_text, report_mutations  # noqa: E402
 
 SRC = f"{WORK}/cs_src"  # generated sources, keyed by a hash of the static arguments and the kernels' code
 _KHASH = hashlib.md5(open(cs.__file__, "rb").read()).hexdigest()[:8]
@@ -146,12 +146,7 @@ def mutation_caught(name, case_index=1):
 
 def main():
     if "--mutate" in sys.argv:
-        missed = 0
-        for name in MUTATIONS:
-            caught = mutation_caught(name)
-            missed += not caught
-            print(f"mutation {name}: {'caught' if caught else 'MISSED'}")
-        return missed
+        return report_mutations(MUTATIONS, mutation_caught)
     only = sys.argv[1:]
     bad = 0
     for case, configs in CASES:

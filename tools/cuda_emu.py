@@ -132,6 +132,17 @@ def build(src):
     return ctypes.CDLL(so), names, types
 
 
+def report_mutations(names, caught) -> int:
+    """``--mutate`` of the emulator checks: one line per mutation (``caught(name)`` runs it against the
+    unbroken reference); returns how many went unnoticed."""
+    missed = 0
+    for name in names:
+        ok = caught(name)
+        missed += not ok
+        print(f"mutation {name}: {'caught' if ok else 'MISSED'}")
+    return missed
+
+
 def cached_text(path: str, make) -> str:
     """The text at ``path``, made by ``make()`` and written once (a temporary file renamed into place, so a
     parallel test worker never reads a half-written file)."""
