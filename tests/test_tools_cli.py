@@ -1,7 +1,7 @@
 """Command lines on the CPU: `--help` of `python -m tilelang_ops`, `python -m benchmarks` and
 `tools/profile_ncu.py` exits 0 and lists what each runs; the benchmark options reach the modules' `run`.
 The emulators' build cache is safe for parallel test workers; tools/host_cost.py times two ops and
-restores what it patched."""
+restores what it patched; .ci/run-gpu refuses without CUDA."""
 
 import ctypes
 import inspect
@@ -116,3 +116,17 @@ def test_host_cost_times_the_python_layers_and_leaves_nothing_patched():
     assert compress.kernel is _library.kernel
     with pytest.raises(ValueError, match="unknown cases"):
         measure(["nosuchcase"])
+
+
+def test_gpu_run_refuses_without_cuda(tmp_path):
+    """.ci/run-gpu (the GPU tier as one run) says so and exits 1 on a machine without CUDA, writing no
+    logs."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the script would run the GPU tier")
+    env = dict(os.environ, PYTHON=sys.executable, LOG_DIR=str(tmp_path / "logs"))
+    res = subprocess.run(["bash", os.path.join(ROOT, ".ci", "run-gpu")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 1 and "no CUDA device" in res.stderr, res
+    assert not (tmp_path / "logs").exists()
