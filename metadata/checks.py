@@ -144,7 +144,7 @@ _is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 def has_memory(t: torch.Tensor) -> bool:
     """Whether a tensor has an address to check: not a meta or fake tensor, and not traced by
     torch.compile (whose tensors are fake). A plain ``torch.Tensor`` that wraps no other tensor (an eager
-    call's) answers without ``is_fake``, which costs about a microsecond."""
+    call's) answers without ``is_fake``, which costs about 1.5 us per tensor."""
     if torch.compiler.is_compiling() or t.device.type == "meta":
         return False
     if t.__class__ is torch.Tensor and not _is_functional(t) and not _is_functorch_wrapped(t):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from metadata.cache_engine import check_compress_ratio, check_ring_capacity, check_state_ratio
-from metadata.checks import check_int, check_same_device, check_tensor, describe
+from metadata.checks import check_int, check_same_device, check_tensor, describe, is_int
 from metadata.gather_rows_args import c1_prefill_rows, c1_reverse_index
 
 
@@ -181,7 +181,7 @@ def _metadata_rows(metadata, compress_ratio: int):
     """The builder's host row count ``num_rows[str(r)]`` when present (saves a device sync)."""
     num = getattr(metadata, "num_rows", None)
     num = num.get(str(compress_ratio)) if isinstance(num, dict) else None
-    return num if isinstance(num, int) and not isinstance(num, bool) else None
+    return num if is_int(num) else None
 
 
 def dispatch_compress(prefill_fn, decode_fn, gather_fn, projected_kv, state_cache, metadata,

@@ -259,7 +259,7 @@ def call_op(op, check: Callable, *args):
     if traced or classes not in call.accepted:
         for i, kind, optional in call.scalars:
             a = args[i]
-            t = type(a)
+            t = type(a)  # (what dynamo resolves for a traced scalar; it does not resolve a.__class__)
             if t not in _ACCEPTS[kind] and not (optional and a is None):
                 check(*args)
                 raise TypeError(f"{op}: argument {i} must be a Python {kind.__name__}, got {t.__name__}")
