@@ -145,7 +145,7 @@ def has_memory(t: torch.Tensor) -> bool:
     """Whether a tensor has an address to check: not a meta or fake tensor, and not traced by
     torch.compile (whose tensors are fake). A plain ``torch.Tensor`` that wraps no other tensor (an eager
     call's) answers without ``is_fake``, which costs about 1.5 us per tensor."""
-    if torch.compiler.is_compiling() or t.device.type == "meta":
+    if torch.compiler.is_compiling() or t.is_meta:
         return False
     if t.__class__ is torch.Tensor and not _is_functional(t) and not _is_functorch_wrapped(t):
         return True
