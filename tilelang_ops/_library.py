@@ -23,6 +23,7 @@ Compiles. Kernels are compiled on the first call that needs them (``kernel``), o
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from operator import itemgetter
@@ -161,18 +162,19 @@ class Plans:
         self.make = make
         self.table: dict[tuple, tuple] = {}  # key -> (plan, its compiled check or None)
         # compiled checks, newest first: (tensors of a call, their guard check, other arguments of a call,
-        # their values and classes, (position, float.hex) of the float ones, plan)
+        # their values and classes, (position, sign) of the zero floats, plan)
         self.recent: list[tuple] = []
         _PLAN_CACHES.append(self)
 
     def __call__(self, args: tuple):
         for recent in self.recent:
-            tensors_of, check, others_of, others, classes, floats, found = recent
+            tensors_of, check, others_of, others, classes, zeros, found = recent
             now = others_of(args)
             # classes before values: a tensor where the key holds a scalar would compare elementwise
             if tuple(map(type, now)) != classes or now != others:
                 continue
-            if floats and any(now[j].hex() != h for j, h in floats):  # -0.0 == 0.0
+            # equal floats have equal bits except a zero's sign (a NaN equals nothing: the table serves it)
+            if zeros and any(math.copysign(1.0, now[j]) != sign for j, sign in zeros):
                 continue
             tensors = tensors_of(args)
             if not check(*tensors):
@@ -216,8 +218,9 @@ class Plans:
             return None
         others_of = _picker(opos)
         others = others_of(args)
-        floats = tuple((j, v.hex()) for j, v in enumerate(others) if v.__class__ is float)
-        return _picker(tpos), guards.check, others_of, others, tuple(map(type, others)), floats, found
+        zeros = tuple((j, math.copysign(1.0, v)) for j, v in enumerate(others)
+                      if v.__class__ is float and v == 0)
+        return _picker(tpos), guards.check, others_of, others, tuple(map(type, others)), zeros, found
 
 
 _PLAN_CACHES: list[Plans] = []
