@@ -128,7 +128,7 @@ def _store_plan(kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cach
 
 def _store_launch(plan_, kv, norm_weight, eps, cos, sin, positions, slot_mapping, kv_cache, out_norm):
     geom, fn, no_norm, contiguous = plan_
-    check_out_norm_apart(out_norm, kv)
+    check_out_norm_apart(out_norm, kv, launch=True)
     if debug_checks_enabled():
         check_store_values(positions, slot_mapping, geom)
     if fn is None:
