@@ -345,7 +345,6 @@ def test_every_op_launches_its_kernels_with_their_parameters(monkeypatch):
     launch's arguments bound to that prim_func's parameters as its TVM-FFI host code binds them
     (``bind_launch``: what the CUDA tier would otherwise find first), strided inputs included; each op's
     outputs have its fake's shapes, strides and dtypes."""
-
     from tvm.target import Target
 
     from tilelang_ops.build import SM90_TARGET
@@ -713,8 +712,13 @@ def _check_compiled_step(device):
     torch._dynamo.reset()
     got = torch.compile(step, fullgraph=True)(*compiled_in)
     _bitwise("compiled step", _written(got, inputs[KLEN]), _written(want, inputs[KLEN]))
+    _check_step_writes("", compiled_in, eager_in)
+
+
+def _check_step_writes(prefix: str, compiled_in: list, eager_in: list) -> None:
+    """What a compiled decode step wrote in place (ring, main cache, index cache) equals eager's writes."""
     for i, name in ((1, "state ring"), (9, "main cache"), (12, "index cache")):
-        _bitwise(f"{name} after the compiled step", compiled_in[i], eager_in[i])
+        _bitwise(f"{prefix}{name} after the compiled step", compiled_in[i], eager_in[i])
 
 
 # a second decode batch for the dynamic-shape test: other request count, contexts, tokens per request
@@ -768,8 +772,7 @@ def test_dynamic_decode_step_serves_other_shapes_without_recompiling(reference_c
             got = compiled(*compiled_in, **ints)
             frames.append(counter.frame_count)
             _bitwise(f"{case.id} compiled step", _written(got, inputs[KLEN]), _written(want, inputs[KLEN]))
-            for i, name in ((1, "state ring"), (9, "main cache"), (12, "index cache")):
-                _bitwise(f"{case.id}: {name} after the compiled step", compiled_in[i], eager_in[i])
+            _check_step_writes(f"{case.id}: ", compiled_in, eager_in)
     assert frames[1] == frames[0], f"the second batch compiled again ({frames})"
 
 
