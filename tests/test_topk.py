@@ -216,6 +216,47 @@ def test_twin_matches_torch_topk_without_ties():
 # ----------------------------------------------------------------------------------------------------
 # CPU tier: block maxima, candidate restore, slot conversion, fused path
 
+def _special_scores(b: int, n: int, dtype, g) -> torch.Tensor:
+    """Random scores, 40 % of them NaN of either sign, signed zeros, infinities, +-1, a subnormal; the first
+    a negative NaN with every bit set."""
+    x = torch.randn(b, n, generator=g)
+    pool = torch.tensor([float("nan"), -float("nan"), 0.0, -0.0, float("inf"), -float("inf"), 1.0, -1.0,
+                         1e-40])
+    pick = torch.rand(b, n, generator=g) < 0.4
+    x[pick] = pool[torch.randint(0, len(pool), (int(pick.sum()),), generator=g)]
+    x = x.to(dtype)
+    x.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)[0, 0] = -1
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_end", [False, True], ids=["no_end", "end"])
+def test_kernel_sort_step_orders_as_the_reference(dtype, with_end):
+    """sorted=True: the wrapper sorts the kernel's ascending-index lanes by ``sort_key`` (int32, fewer torch
+    ops than ``order_key``): the reference's sorted indices exactly, and its values (their bits, except the
+    payload of a NaN fill), over NaN of both signs, signed zeros, infinities, ties, n < k, end of 0 to n and
+    fills that would outrank real values (+inf, NaN)."""
+    from tilelang_ops.topk import _sort_by_value, sort_key
+
+    g = torch.Generator().manual_seed(7)
+    probe = torch.tensor([float("-inf"), -1.0, -0.0, 0.0, 1e-40, 1.0, float("inf"), float("nan")])
+    keys = sort_key(probe).tolist()
+    assert keys == sorted(keys) and keys[2] == keys[3] and len(set(keys)) == 7  # order, -0 == +0
+    for b, n, k in ((4, 50, 8), (3, 7, 12), (5, 300, 64), (2, 1, 4)):
+        for fills in ((-1, float("-inf")), (-7, float("inf")), (3, float("nan")), (0, -0.0)):
+            x = _special_scores(b, n, dtype, g)
+            end = torch.randint(0, n + 1, (b,), generator=g, dtype=torch.int32) if with_end else None
+            kw = dict(end=end, idx_oob_fill_value=fills[0], value_oob_fill_value=fills[1])
+            lanes_v, lanes_i = topk_torch(x, k, sorted_index=True, **kw)  # the kernel's unsorted output
+            got_v, got_i = _sort_by_value(lanes_v, lanes_i, end, n, k)
+            want_v, want_i = topk_torch(x, k, sorted=True, **kw)
+            where = f"b{b} n{n} k{k} fills {fills}"
+            assert torch.equal(got_i, want_i), where
+            same = (got_v.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)
+                    == want_v.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+            assert bool((same | (got_v.isnan() & want_v.isnan())).all()), where
+
+
 def test_block_max_scores_ref():
     x = torch.tensor([[1.0, 5.0, 2.0, NAN, 3.0, 4.0, 7.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]])
     out = block_max_scores_ref(x, 3, torch.tensor([7, 4], dtype=torch.int32))

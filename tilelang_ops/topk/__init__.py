@@ -55,15 +55,28 @@ def kernel_for(static: tuple, n: int, config: TopkConfig):
                                                                       config.stream)
 
 
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def sort_key(values: torch.Tensor) -> torch.Tensor:
+    """An int32 key in the order of ``reference.topk.order_key`` (equal keys for equal orders), in fewer
+    torch ops: the fp32 bits with -0.0 folded onto +0.0, negatives' magnitude bits flipped (so signed
+    integer order is value order), every NaN the largest key. INT32_MIN stays free: no value maps there."""
+    bits = values.float().view(torch.int32)
+    bits = bits.masked_fill(bits == _INT32_MIN, 0)
+    key = bits ^ ((bits >> 31) & _INT32_MAX)
+    return key.masked_fill_(values != values, _INT32_MAX)
+
+
 def _sort_by_value(values, indices, end, n, k):
     """Stable descending sort of the (ascending-index) k lanes on the order key: ties keep the lower
     index first, fills (beyond the valid count) stay last."""
-    from reference.topk import order_key
-
-    b = values.shape[0]
-    ends = torch.full((b,), n, device=values.device) if end is None else end.long().clamp(0, n)
-    valid = torch.arange(k, device=values.device)[None, :] < ends.clamp(max=k)[:, None]
-    key = torch.where(valid, order_key(values), torch.full_like(indices, -1, dtype=torch.int64))
+    key = sort_key(values)
+    # lanes at or beyond min(end, n) hold fills: below every value
+    if end is not None:
+        key.masked_fill_(torch.arange(k, device=values.device) >= end.clamp(0, n)[:, None], _INT32_MIN)
+    elif n < k:
+        key[:, n:] = _INT32_MIN
     order = torch.sort(key, dim=1, descending=True, stable=True).indices
     return values.gather(1, order), indices.gather(1, order)
 
