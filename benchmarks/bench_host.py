@@ -20,18 +20,20 @@ CALLS = 2000  # back-to-back eager calls per measurement
 B = 64  # decode batch
 
 
-def wall_us(fn, calls: int = CALLS) -> float:
-    """Wall microseconds per call of ``calls`` back-to-back calls (the host work, once it outlasts the
-    device's)."""
-    for _ in range(500):
+def wall_us(fn, calls: int = CALLS, *, repeats: int = 5, warmup: int = 500,
+            sync=torch.cuda.synchronize) -> float:
+    """Wall microseconds per call: the best of ``repeats`` runs of ``calls`` back-to-back calls, each run
+    ended by ``sync`` (the host work, once it outlasts the device's; the minimum leaves out what other
+    processes on the host took)."""
+    for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    sync()
     best = float("inf")
-    for _ in range(5):
+    for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
+        sync()
         best = min(best, (time.perf_counter() - t0) / calls * 1e6)
     return best
 

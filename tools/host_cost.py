@@ -11,29 +11,15 @@ Prints microseconds per call (the best of ``--repeats`` runs of ``--calls`` back
 import argparse
 import os
 import sys
-import time
 from contextlib import ExitStack
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
+from benchmarks.bench_host import wall_us  # noqa: E402
 from tilelang_ops.testing.cpu_launch import eager_on_the_cpu, patcher  # noqa: E402
 from tilelang_ops.testing.torch_ops import CASES  # noqa: E402
-
-
-def best_us(fn, calls: int, repeats: int) -> float:
-    """Microseconds per call: the best of ``repeats`` runs of ``calls`` back-to-back calls (the minimum
-    leaves out what other processes on the host took)."""
-    for _ in range(min(calls, 100)):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, time.perf_counter() - t0)
-    return best / calls * 1e6
 
 
 def _noop(*args):
@@ -43,19 +29,23 @@ def _noop(*args):
 def measure(case_ids=(), calls: int = 1000, repeats: int = 30) -> dict[str, float]:
     """{case id: us per call} of the torch-integration cases (all, or those named), and of ``torch.add``
     ([64, 64] fp32) and ``torch.empty`` ([64, 512] bf16) for scale."""
-    x = torch.randn(64, 64)
-    out = {"torch.add": best_us(lambda: torch.add(x, x), calls, repeats),
-           "torch.empty": best_us(lambda: torch.empty(64, 512, dtype=torch.bfloat16), calls, repeats)}
     unknown = set(case_ids) - {c.id for c in CASES}
     if unknown:
         raise ValueError(f"unknown cases {sorted(unknown)}; known: {[c.id for c in CASES]}")
+
+    def best_us(fn):  # nothing runs on a device: no sync
+        return wall_us(fn, calls, repeats=repeats, warmup=min(calls, 100), sync=lambda: None)
+
+    x = torch.randn(64, 64)
+    out = {"torch.add": best_us(lambda: torch.add(x, x)),
+           "torch.empty": best_us(lambda: torch.empty(64, 512, dtype=torch.bfloat16))}
     with ExitStack() as stack, eager_on_the_cpu(lambda factory, *static: _noop, patcher(stack)):
         for case in CASES:
             if case_ids and case.id not in case_ids:
                 continue
             call = case.call("cpu")
             fn, args, kwargs = case.fn, tuple(call.args.values()), call.kwargs
-            out[case.id] = best_us(lambda fn=fn, a=args, kw=kwargs: fn(*a, **kw), calls, repeats)
+            out[case.id] = best_us(lambda fn=fn, a=args, kw=kwargs: fn(*a, **kw))
     return out
 
 
