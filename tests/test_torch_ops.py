@@ -419,6 +419,26 @@ def test_launches_keep_the_current_device():
     assert sets == [0, 0], "a launch on the current device sets no device"
 
 
+@pytest.mark.parametrize("gpus", [0, 1, 2, 4])
+def test_launches_query_the_device_only_where_there_are_several(monkeypatch, gpus):
+    """``direct`` gives the bare TVM-FFI executable where the process sees at most one GPU (nothing can
+    move the current device) and the device-keeping wrapper where it sees several."""
+    from types import SimpleNamespace
+
+    from tilelang_ops import _library
+
+    def executable(*args):
+        return args
+
+    kernel = SimpleNamespace(adapter=SimpleNamespace(_get_executable=lambda: executable))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_setDevice", lambda d: None, raising=False)
+    launch = _library.direct(kernel)
+    assert (launch is executable) == (gpus < 2), f"{gpus} GPU(s): got {launch}"
+    assert launch(3, 4) == (3, 4)
+
+
 def test_an_address_check_runs_on_every_call(monkeypatch):
     """A cached plan does not skip the one host check that reads addresses (out_norm starting where kv
     does): after a clean call, the same static key with out_norm = kv raises before any launch."""

@@ -319,15 +319,16 @@ def keeps_current_device(fn: Callable, get_device: Callable[[], int],
 def direct(jit_kernel) -> Callable:
     """The compiled function of a TileLang ``JITKernel``, called with every parameter (outputs
     included, in the kernel's order): the TVM-FFI executable itself, without the adapter's Python
-    argument stitching, and with the current device kept (``keeps_current_device``). Kernels of another
-    execution backend are called through the kernel object."""
+    argument stitching. Where the process sees several GPUs the current device is kept
+    (``keeps_current_device``); with one, the only device is always current and the launch queries
+    nothing. Kernels of another execution backend are called through the kernel object."""
     adapter = getattr(jit_kernel, "adapter", None)
     get = getattr(adapter, "_get_executable", None)
     if get is None or getattr(adapter, "_ffi_callee_allocated_output_abi", False):
         return jit_kernel
     get_device = getattr(torch._C, "_cuda_getDevice", None)
     set_device = getattr(torch._C, "_cuda_setDevice", None)
-    if get_device is None or set_device is None:  # a CPU build of torch: nothing can launch
+    if torch.cuda.device_count() < 2 or get_device is None or set_device is None:
         return get()
     return keeps_current_device(get(), get_device, set_device)
 
