@@ -255,7 +255,9 @@ def compress_store_prefill_kernel(fmt_name: str, r: int, rope_dim: int, interlea
     load_token, load_ring, store_ring = make_row_io(dim)
     num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos = T.dynamic(
         "num_tokens, num_slots, ring, num_reqs, nreq1, rows, norm_rows, max_pos")
-    cache_bytes = T.dynamic("cache_bytes", "int64")
+    # the cache as the caller holds it (no view per call); the body addresses it flat
+    num_blocks, cache_block_bytes = T.dynamic("num_blocks, cache_block_bytes", "int64")
+    cache_bytes = num_blocks * cache_block_bytes
 
     @T.prim_func
     def kernel(
@@ -270,12 +272,13 @@ def compress_store_prefill_kernel(fmt_name: str, r: int, rope_dim: int, interlea
         sin: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
         positions: T.Tensor((rows,), pos_dtype),  # [rows] int32/int64, j * r
         slots: T.Tensor((rows,), slot_dtype),  # [rows] int32/int64, < 0: skip
-        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
+        cache2: T.Tensor((num_blocks, cache_block_bytes), "uint8"),  # [num_blocks, block_bytes] uint8
         out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [rows, D] bf16 (or [1, D] dummy)
         eps: T.float32,
         search_steps: T.int32,  # ceil(log32(num_reqs))
     ):
         with T.Kernel(T.ceildiv(rows, rows_per_cta), threads=warps * WARP) as bx:
+            cache = T.reshape(cache2, (cache_bytes,))
             if min_ctas_per_sm > 1:
                 T.annotate_min_blocks_per_sm(min_ctas_per_sm)
             tx = T.get_thread_binding()
@@ -427,7 +430,9 @@ def compress_store_decode_kernel(fmt_name: str, r: int, rope_dim: int, interleav
     gated_mean = make_gated_mean_r2(r, F4)
     num_tokens, num_slots, ring, norm_rows, max_pos = T.dynamic(
         "num_tokens, num_slots, ring, norm_rows, max_pos")
-    cache_bytes = T.dynamic("cache_bytes", "int64")
+    # the cache as the caller holds it (no view per call); the body addresses it flat
+    num_blocks, cache_block_bytes = T.dynamic("num_blocks, cache_block_bytes", "int64")
+    cache_bytes = num_blocks * cache_block_bytes
 
     @T.prim_func
     def kernel(
@@ -440,11 +445,12 @@ def compress_store_decode_kernel(fmt_name: str, r: int, rope_dim: int, interleav
         sin: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
         positions: T.Tensor((num_tokens,), pos_dtype),  # [total_q] int32/int64, j * r or 0
         slots: T.Tensor((num_tokens,), slot_dtype),  # [total_q] int32/int64, < 0: skip
-        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
+        cache2: T.Tensor((num_blocks, cache_block_bytes), "uint8"),  # [num_blocks, block_bytes] uint8
         out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [total_q, D] bf16 (or [1, D] dummy)
         eps: T.float32,
     ):
         with T.Kernel(T.ceildiv(num_tokens, rows_cta), threads=threads) as bx:
+            cache = T.reshape(cache2, (cache_bytes,))
             tx = T.get_thread_binding()
             lane = tx % WARP
             first = bx * rows_cta - (r - 1)  # token of phase 1's slot u = 0
@@ -649,7 +655,7 @@ def _prefill_launch(plan_, projected_kv, state_cache, cu_seqlens_q, context_lens
             projected_kv, cu_seqlens_q, context_lens, state_block_idx, cu_compressed, norm_weight, cos, sin,
             positions, slot_mapping))
     fn(projected_kv, state_cache, cu_seqlens_q, context_lens, state_block_idx, cu_compressed, norm_weight,
-       cos, sin, positions, slot_mapping, kv_cache.view(-1), out_norm if out_norm is not None else no_norm,
+       cos, sin, positions, slot_mapping, kv_cache, out_norm if out_norm is not None else no_norm,
        float(eps), search_steps)
 
 
@@ -667,7 +673,7 @@ def _decode_launch(plan_, projected_kv, state_cache, context_lens, state_block_i
             t.contiguous() for t in (projected_kv, context_lens, state_block_idx, norm_weight, cos, sin,
                                      positions, slot_mapping))
     fn(projected_kv, state_cache, context_lens, state_block_idx, norm_weight, cos, sin, positions,
-       slot_mapping, kv_cache.view(-1), out_norm if out_norm is not None else no_norm, float(eps))
+       slot_mapping, kv_cache, out_norm if out_norm is not None else no_norm, float(eps))
 
 
 def _prefill_impl(projected_kv: Tensor, state_cache: Tensor, cu_seqlens_q: Tensor, context_lens: Tensor,

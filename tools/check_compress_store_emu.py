@@ -59,9 +59,9 @@ def run_emu(case, meta, x, state0, p, cache0, config, order_kind="forward", seed
     static = (p.fmt.name, 2, 64, p.interleaved, case.out_norm, _TORCH_TO_TL[p.w.dtype], _TORCH_TO_TL[pos.dtype],
               _TORCH_TO_TL[slots.dtype]) + ((config,) if case.prefill else ())
     e = emu_for(static, edit)
-    kw = dict(cache=cache.view(-1), cos=p.cos.contiguous(), sin=p.sin.contiguous(), out_norm=out_norm,
+    kw = dict(cache=cache, cos=p.cos.contiguous(), sin=p.sin.contiguous(), out_norm=out_norm,
               positions=pos, slots=slots, projected_kv=x.contiguous(), state=state, weight=p.w.contiguous(),
-              cache_bytes=cache.numel(), eps=p.eps, max_pos=p.cos.shape[0], num_slots=state.shape[0],
+              num_blocks=cache.shape[0], cache_block_bytes=cache.shape[1], eps=p.eps, max_pos=p.cos.shape[0], num_slots=state.shape[0],
               num_tokens=x.shape[0], ring=state.shape[1], norm_rows=out_norm.shape[0])
     if case.prefill:
         nreq = meta.context_lens.numel()

@@ -239,8 +239,8 @@ def run_emu(config, case, has_norm, data, edit=None, order="forward"):
     out_norm = torch.full((case.rows, fmt.dim), 7.0, dtype=torch.bfloat16) if has_norm else torch.empty(1, fmt.dim, dtype=torch.bfloat16)
     grid = -(-case.rows // (K.rows_per_cta(fmt, config) * config.rows_per_thread))
     order_l = list(range(grid))[::-1] if order == "reverse" else list(range(grid))
-    e(grid, K.THREADS, order_l, cache=cache.view(-1), cos_1=cos, sin_1=sin, cos=cos, sin=sin, kv=kv, out_norm=out_norm,
-      positions=pos, slots=slots, weight=w, cache_bytes=cache.numel(), eps=1e-6, max_pos=cos.shape[0],
+    e(grid, K.THREADS, order_l, cache=cache, cos_1=cos, sin_1=sin, cos=cos, sin=sin, kv=kv, out_norm=out_norm,
+      positions=pos, slots=slots, weight=w, num_blocks=cache.shape[0], cache_block_bytes=cache.shape[1], eps=1e-6, max_pos=cos.shape[0],
       norm_rows=out_norm.shape[0], rows=case.rows,
       capacity=cache.shape[0] * case.rows_per_block)
     return cache, (out_norm if has_norm else None)

@@ -138,7 +138,7 @@ def _store_launch(plan_, kv, norm_weight, eps, cos, sin, positions, slot_mapping
             t.contiguous() for t in (kv, norm_weight, cos, sin, positions, slot_mapping))
     if kv.data_ptr() % 16:
         kv = kv.clone()
-    fn(kv, norm_weight, cos, sin, positions, slot_mapping, kv_cache.view(-1),
+    fn(kv, norm_weight, cos, sin, positions, slot_mapping, kv_cache,
        out_norm if out_norm is not None else no_norm, float(eps), geom.num_slots)
 
 

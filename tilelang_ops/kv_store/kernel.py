@@ -58,7 +58,10 @@ def kv_store_kernel(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: b
                                             (pred_store and C > 1, PRED_STORE_PRELUDE))
                       if on) or None
     rows, norm_rows, max_pos = T.dynamic("rows, norm_rows, max_pos")
-    cache_bytes = T.dynamic("cache_bytes", "int64")
+    # the cache as the caller holds it ([num_blocks, bytes per block]: no view per call); the body
+    # addresses it flat
+    num_blocks, cache_block_bytes = T.dynamic("num_blocks, cache_block_bytes", "int64")
+    cache_bytes = num_blocks * cache_block_bytes
     block_bytes = rows_per_block * fmt.row_bytes
 
     # with pred_store each row index lives in an int32 local (rix, filled by load_rows), so its clamp is not
@@ -113,12 +116,13 @@ def kv_store_kernel(fmt_name: str, rope_dim: int, interleaved: bool, hadamard: b
         sin: T.Tensor((max_pos, half), "float32"),  # [max_position, rope_dim / 2] fp32
         positions: T.Tensor((rows,), pos_dtype),  # [rows] int32/int64
         slots: T.Tensor((rows,), slot_dtype),  # [rows] int32/int64, < 0: skip
-        cache: T.Tensor((cache_bytes,), "uint8"),  # [num_blocks * block_bytes] uint8, flat view
+        cache2: T.Tensor((num_blocks, cache_block_bytes), "uint8"),  # [num_blocks, block_bytes] uint8
         out_norm: T.Tensor((norm_rows, dim), "bfloat16"),  # [rows, dim] bf16 (or [1, dim] dummy)
         eps: T.float32,
-        capacity: T.int64,  # slots in the cache (chunks 1 derives it from cache_bytes instead)
+        capacity: T.int64,  # slots in the cache (chunks 1 derives it from the cache's shape instead)
     ):
         with T.Kernel(T.ceildiv(rows, rows_per_cta * R), threads=THREADS, prelude=prelude) as bx:
+            cache = T.reshape(cache2, (cache_bytes,))
             if min_ctas > 1:
                 T.annotate_min_blocks_per_sm(min_ctas)
             tx = T.get_thread_binding()
