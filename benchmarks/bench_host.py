@@ -1,8 +1,9 @@
 """Host cost of an eager call at decode sizes (issue-33 table): wall time per call of back-to-back calls
-beside the device time of the same call replayed from a CUDA graph, and the ratio to a plain
-``torch.add`` on a [64, 8192] fp32 tensor (the floor of any eager torch op). The floor of any TileLang
-op comes beside it: a kernel that does nothing, launched through its TVM-FFI executable with 1 and 10
-tensor arguments (``tilelang_launch_<n>args``).
+(each case's best of 5 rounds, the cases taking turns: ``rounds_us``) beside the device
+time of the same call replayed from a CUDA graph, and the ratio to a plain ``torch.add`` on a [64, 8192]
+fp32 tensor (the floor of any eager torch op). The floor of any TileLang op comes beside it: a kernel that
+does nothing, launched through its TVM-FFI executable with 1 and 10 tensor arguments
+(``tilelang_launch_<n>args``).
 
     BENCH op=host case=<op>_<size> us=<eager wall per call> device_us=<graph replay> x_torch_add=<ratio>
 """
@@ -20,21 +21,24 @@ CALLS = 2000  # back-to-back eager calls per measurement
 B = 64  # decode batch
 
 
-def wall_us(fn, calls: int = CALLS, *, repeats: int = 5, warmup: int = 500,
-            sync=torch.cuda.synchronize) -> float:
-    """Wall microseconds per call: the best of ``repeats`` runs of ``calls`` back-to-back calls, each run
-    ended by ``sync`` (the host work, once it outlasts the device's; the minimum leaves out what other
-    processes on the host took)."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+def rounds_us(fns: dict, calls: int = CALLS, *, rounds: int = 5, warmup: int = 500,
+              sync=torch.cuda.synchronize) -> dict:
+    """{name: wall microseconds per call} of each function: in each of ``rounds`` rounds every function in
+    turn runs ``warmup`` untimed calls, then ``calls`` timed back-to-back calls ended by ``sync``; each keeps
+    its best round. A slow spell of the host then costs one round of every function instead of every run of
+    whichever function it met, and the warm-up before each timed run keeps the other functions' code out of
+    its caches."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(warmup):
+                fn()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync()
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls * 1e6)
     return best
 
 
@@ -145,12 +149,20 @@ def _cases():
 
 def run(h: Harness) -> None:
     cases = _cases()
-    floor = wall_us(cases["torch_add_64x8192"])
-    for name, fn in cases.items():
+    timed = {}
+    for name, fn in cases.items():  # a case that fails is reported, the rest still run
         try:
-            us = wall_us(fn)
-            dev_us = time_graph_us(fn)
-        except Exception as exc:  # noqa: BLE001 - a case that fails is reported, the rest still run
+            fn()
+            torch.cuda.synchronize()
+            timed[name] = fn
+        except Exception as exc:  # noqa: BLE001
             print(f"host {name} failed: {type(exc).__name__}: {str(exc)[:300]}")
+    wall = rounds_us(timed)
+    floor = wall["torch_add_64x8192"]
+    for name, fn in timed.items():
+        try:
+            dev_us = time_graph_us(fn)
+        except Exception as exc:  # noqa: BLE001
+            print(f"host {name}: graph replay failed: {type(exc).__name__}: {str(exc)[:300]}")
             continue
-        h.report_host(name, us, dev_us, us / floor)
+        h.report_host(name, wall[name], dev_us, wall[name] / floor)

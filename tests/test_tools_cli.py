@@ -118,6 +118,27 @@ def test_host_cost_times_the_python_layers_and_leaves_nothing_patched():
         measure(["nosuchcase"])
 
 
+def test_host_rounds_take_turns_and_keep_each_best(monkeypatch):
+    """``rounds_us``: every round runs each function's warm-up then its timed calls, the functions in turn,
+    each synced; each keeps its fastest round (a slow round of one function is not its result)."""
+    import benchmarks.bench_host as bench_host
+
+    clock, log = [0.0], []
+    monkeypatch.setattr(bench_host.time, "perf_counter", lambda: clock[0])
+
+    def timed(name, cost_of_round):
+        def fn():
+            log.append(name)
+            clock[0] += cost_of_round[(log.count(name) - 1) // 5] * 1e-6  # 5 calls a round
+        return fn
+
+    got = bench_host.rounds_us({"a": timed("a", [9, 3, 7]), "b": timed("b", [4, 8, 2])},
+                               calls=3, rounds=3, warmup=2, sync=lambda: log.append("sync"))
+    assert got == pytest.approx({"a": 3.0, "b": 2.0}), got
+    one_round = ["a"] * 2 + ["sync"] + ["a"] * 3 + ["sync"] + ["b"] * 2 + ["sync"] + ["b"] * 3 + ["sync"]
+    assert log == one_round * 3
+
+
 def test_gpu_run_refuses_without_cuda(tmp_path):
     """.ci/run-gpu (the GPU tier as one run) says so and exits 1 on a machine without CUDA, writing no
     logs."""

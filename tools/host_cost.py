@@ -2,8 +2,9 @@
 scalar checks, the launch plan's lookup, the output allocation, the version bumps) with its launch replaced
 by a no-op (``tilelang_ops.testing.cpu_launch``), on the small calls of the torch-integration tests. No GPU
 is needed; a GPU host adds the launch itself (``python -m benchmarks host`` measures the whole call there).
-Prints microseconds per call (the best of ``--repeats`` runs of ``--calls`` back-to-back calls), beside
-``torch.add`` and ``torch.empty`` on the same host for scale.
+Prints microseconds per call (the best of ``--repeats`` rounds of ``--calls`` back-to-back calls, the cases
+taking turns: ``benchmarks.bench_host.rounds_us``), beside ``torch.add`` and ``torch.empty`` on the same
+host for scale.
 
     PYTHONPATH=. .venv/bin/python tools/host_cost.py [CASE ...] [--calls 1000] [--repeats 30]
 """
@@ -17,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from benchmarks.bench_host import wall_us  # noqa: E402
+from benchmarks.bench_host import rounds_us  # noqa: E402
 from tilelang_ops.testing.cpu_launch import eager_on_the_cpu, patcher  # noqa: E402
 from tilelang_ops.testing.torch_ops import CASES  # noqa: E402
 
@@ -33,19 +34,18 @@ def measure(case_ids=(), calls: int = 1000, repeats: int = 30) -> dict[str, floa
     if unknown:
         raise ValueError(f"unknown cases {sorted(unknown)}; known: {[c.id for c in CASES]}")
 
-    def best_us(fn):  # nothing runs on a device: no sync
-        return wall_us(fn, calls, repeats=repeats, warmup=min(calls, 100), sync=lambda: None)
-
     x = torch.randn(64, 64)
-    out = {"torch.add": best_us(lambda: torch.add(x, x)),
-           "torch.empty": best_us(lambda: torch.empty(64, 512, dtype=torch.bfloat16))}
+    fns = {"torch.add": lambda: torch.add(x, x),
+           "torch.empty": lambda: torch.empty(64, 512, dtype=torch.bfloat16)}
     with ExitStack() as stack, eager_on_the_cpu(lambda factory, *static: _noop, patcher(stack)):
         for case in CASES:
             if case_ids and case.id not in case_ids:
                 continue
             call = case.call("cpu")
-            fn, args, kwargs = case.fn, tuple(call.args.values()), call.kwargs
-            out[case.id] = best_us(lambda fn=fn, a=args, kw=kwargs: fn(*a, **kw))
+            args = tuple(call.args.values())
+            fns[case.id] = lambda fn=case.fn, a=args, kw=call.kwargs: fn(*a, **kw)
+        # nothing runs on a device: no sync
+        out = rounds_us(fns, calls, rounds=repeats, warmup=min(calls, 100), sync=lambda: None)
     return out
 
 
