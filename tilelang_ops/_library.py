@@ -326,11 +326,9 @@ def direct(jit_kernel) -> Callable:
     get = getattr(adapter, "_get_executable", None)
     if get is None or getattr(adapter, "_ffi_callee_allocated_output_abi", False):
         return jit_kernel
-    get_device = getattr(torch._C, "_cuda_getDevice", None)
-    set_device = getattr(torch._C, "_cuda_setDevice", None)
-    if torch.cuda.device_count() < 2 or get_device is None or set_device is None:
+    if torch.cuda.device_count() < 2:  # (a CPU build of torch counts none)
         return get()
-    return keeps_current_device(get(), get_device, set_device)
+    return keeps_current_device(get(), torch._C._cuda_getDevice, torch._C._cuda_setDevice)
 
 
 # --------------------------------------------------------------------------------------------------

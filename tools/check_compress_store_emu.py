@@ -61,8 +61,8 @@ def run_emu(case, meta, x, state0, p, cache0, config, order_kind="forward", seed
     e = emu_for(static, edit)
     kw = dict(cache=cache, cos=p.cos.contiguous(), sin=p.sin.contiguous(), out_norm=out_norm,
               positions=pos, slots=slots, projected_kv=x.contiguous(), state=state, weight=p.w.contiguous(),
-              num_blocks=cache.shape[0], cache_block_bytes=cache.shape[1], eps=p.eps, max_pos=p.cos.shape[0], num_slots=state.shape[0],
-              num_tokens=x.shape[0], ring=state.shape[1], norm_rows=out_norm.shape[0])
+              num_blocks=cache.shape[0], cache_block_bytes=cache.shape[1], eps=p.eps, max_pos=p.cos.shape[0],
+              num_slots=state.shape[0], num_tokens=x.shape[0], ring=state.shape[1], norm_rows=out_norm.shape[0])
     if case.prefill:
         nreq = meta.context_lens.numel()
         kw.update(cu_q=meta.cu_seqlens_q.contiguous(), ctx=meta.context_lens.contiguous(),
