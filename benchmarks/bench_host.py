@@ -3,7 +3,8 @@
 time of the same call replayed from a CUDA graph, and the ratio to a plain ``torch.add`` on a [64, 8192]
 fp32 tensor (the floor of any eager torch op). The floor of any TileLang op comes beside it: a kernel that
 does nothing, launched through its TVM-FFI executable with 1 and 10 tensor arguments
-(``tilelang_launch_<n>args``).
+(``tilelang_launch_<n>args``). Each op is timed twice: on the Python path, and through the compiled eager
+path (``<case>_compiled``, ``tilelang_ops.compiled_eager``).
 
     BENCH op=host case=<op>_<size> us=<eager wall per call> device_us=<graph replay> x_torch_add=<ratio>
 """
@@ -158,11 +159,28 @@ def run(h: Harness) -> None:
         except Exception as exc:  # noqa: BLE001
             print(f"host {name} failed: {type(exc).__name__}: {str(exc)[:300]}")
     wall = rounds_us(timed)
+    # the same calls through the compiled eager path (each key recorded during the warm-up)
+    import tilelang_ops
+
+    ops = {f"{name}_compiled": fn for name, fn in timed.items()
+           if not name.startswith(("torch_", "tilelang_"))}
+    before = tilelang_ops.compiled_eager(True)
+    try:
+        wall.update(rounds_us(ops))
+    except Exception as exc:  # noqa: BLE001
+        print(f"host compiled eager path failed: {type(exc).__name__}: {str(exc)[:300]}")
+    finally:
+        tilelang_ops.compiled_eager(before)
     floor = wall["torch_add_64x8192"]
+    device = {}
     for name, fn in timed.items():
         try:
-            dev_us = time_graph_us(fn)
+            device[name] = time_graph_us(fn)
         except Exception as exc:  # noqa: BLE001
             print(f"host {name}: graph replay failed: {type(exc).__name__}: {str(exc)[:300]}")
             continue
-        h.report_host(name, wall[name], dev_us, wall[name] / floor)
+        h.report_host(name, wall[name], device[name], wall[name] / floor)
+    for name in ops:
+        base = name[:-len("_compiled")]
+        if name in wall and base in device:
+            h.report_host(name, wall[name], device[base], wall[name] / floor)

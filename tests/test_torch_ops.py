@@ -797,6 +797,38 @@ def test_dynamic_decode_step_serves_other_shapes_without_recompiling(reference_c
 
 
 @needs_cuda
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_compiled_eager_path_is_bitwise_the_python_path(case):
+    """The third call of a static key (replayed by the compiled eager path) returns and writes bitwise
+    what the first (the Python path) did, from the same inputs; the ops of ``COMPILED_EAGER`` replay it."""
+    from tilelang_ops import _fast, _library
+
+    fn = case.fn
+    if "clean" in inspect.signature(fn).parameters:  # every logit written, so outputs compare whole
+        fn = functools.partial(fn, clean=True)
+    call = case.call("cuda")
+    _library.forget_plans()  # the first call takes the Python path, the second records, the third replays
+    runs = []
+    before = tilelang_ops.compiled_eager(True)
+    try:
+        for _ in range(3):
+            fresh = call.fresh()
+            result = fresh(fn)
+            runs.append(([t for t in outputs(result)], fresh.written()))
+        fast = _library._CALLS[_library.OPS[case.op]].fast
+        replays = _fast.extension().stats(fast)[2] if fast is not None else 0
+    finally:
+        tilelang_ops.compiled_eager(before)
+    if case.id in COMPILED_EAGER:
+        assert replays == 1, f"{case.id}: replayed {replays} of 3 calls"
+    for (got, got_w), (want, want_w) in [(runs[2], runs[0]), (runs[1], runs[0])]:
+        for k, (g, w) in enumerate(zip(got, want)):
+            _bitwise(f"{case.id} output {k}", g, w)
+        for name in want_w:
+            _bitwise(f"{case.id} {name}", got_w[name], want_w[name])
+
+
+@needs_cuda
 def test_compiled_decode_step_is_bitwise_eager():
     _check_compiled_step("cuda")
 
@@ -840,3 +872,103 @@ def test_a_compile_during_capture_raises():
     with torch.cuda.stream(stream), pytest.raises(RuntimeError, match="CUDA graph"):
         with torch.cuda.graph(graph, stream=stream):
             kernel(gather_rows_kernel, 4104, 256, 4)  # a width no test compiles
+
+
+# the ops whose decode-size calls the compiled eager path must serve (each case's second call records it)
+COMPILED_EAGER = {"compress_decode", "compress_prefill", "gather_rows", "quantize_index_rows",
+                  "paged_index_logits", "paged_index_logits_candidates", "paged_index_logits_out",
+                  "ragged_index_logits", "ragged_index_logits_out", "store_fp8_main", "store_fp4_index",
+                  "compress_store_prefill", "compress_store_decode", "topk", "topk_to_slots",
+                  "block_max_scores", "restore_candidate_indices_", "convert_kv_index_"}
+
+
+def _launch_rows(sink: list, call, result) -> list:
+    """The launches in ``sink`` with each address told as (argument name or output position, byte offset);
+    an address in neither (a placeholder, a temporary) by the order of its first appearance."""
+    spans = [(n, t) for n, t in {**call.args, **call.kwargs}.items() if isinstance(t, torch.Tensor)]
+    outs = result if isinstance(result, tuple) else (result,)
+    spans += [(f"out{j}", t) for j, t in enumerate(outs) if isinstance(t, torch.Tensor)]
+
+    others: dict = {}
+
+    def where(addr):
+        for name, t in spans:
+            start = t.untyped_storage().data_ptr()
+            if start <= addr < start + max(t.untyped_storage().nbytes(), 1):
+                return name, addr - t.data_ptr()
+        return "other", others.setdefault(addr, len(others))
+
+    return [(fn, tuple((where(p[0]), *p[1:]) if isinstance(p, tuple) else p for p in row))
+            for fn, row in sink]
+
+
+def test_compiled_eager_is_off_by_default_and_off_drops_the_recipes(monkeypatch):
+    """``compiled_eager``: off in a new process, takes a bool, returns the setting before; turning it off
+    drops every recipe, so no call is replayed after."""
+    import tvm_ffi
+
+    from tilelang_ops import _fast, _library
+
+    assert tilelang_ops.compiled_eager() is False
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        tilelang_ops.compiled_eager(1)
+    ext = _fast.extension()
+    ext.probe("tilelang_ops.testing.noop", None)
+    noop = tvm_ffi.get_global_func("tilelang_ops.testing.noop")
+    case = OP_CASES["compress_decode"]
+    fast = _library._CALLS[_library.OPS[case.op]]
+    with eager_on_the_cpu(lambda factory, *static: noop, monkeypatch.setattr, record=True):
+        call = case.call("cpu")
+        for _ in range(3):
+            call(case.fn)
+        assert ext.stats(fast.fast)[:1] + ext.stats(fast.fast)[2:] == (1, 1)
+        assert tilelang_ops.compiled_eager(False) is True
+        assert ext.stats(fast.fast) == (0, 0, 0) and not fast.seen
+        call(case.fn)
+        assert ext.stats(fast.fast) == (0, 0, 0)
+
+
+def test_compiled_eager_path_launches_what_the_python_path_launches(monkeypatch):
+    """Every case on the CPU with TVM-FFI stand-ins that record their parameters (``probe``): the second
+    call of a static key records its recipe, the third is replayed by the compiled eager path, which
+    launches the same functions with the same parameters (each address as the same argument or output
+    at the same offset, shapes, strides, dtypes, scalars), returns outputs of the same shapes, strides and
+    dtypes, bumps the same version counters and returns the same arguments. The decode-size calls of every
+    op become recipes."""
+    import tvm_ffi
+
+    from tilelang_ops import _fast, _library
+
+    ext = _fast.extension()
+    assert ext is not None, "the compiled eager path did not build"
+    sink: list = []
+    probes: dict = {}
+
+    def probe(factory, *static):
+        key = (id(factory), static)
+        if key not in probes:
+            name = f"tilelang_ops.testing.probe{len(probes)}"
+            ext.probe(name, sink)
+            probes[key] = tvm_ffi.get_global_func(name)
+        return probes[key]
+
+    replayed = set()
+    with eager_on_the_cpu(probe, monkeypatch.setattr, record=True):
+        for case in CASES:
+            call = case.call("cpu")
+            runs = []
+            for _ in range(3):
+                sink.clear()
+                versions = {n: t._version for n, t in call.written().items()}
+                result = call(case.fn)
+                outs = result if isinstance(result, tuple) else (result,)
+                runs.append((_launch_rows(sink, call, result), _meta(result),
+                             {n: t._version - versions[n] for n, t in call.written().items()},
+                             tuple(any(o is t for t in call.args.values()) for o in outs)))
+            fast = _library._CALLS[_library.OPS[case.op]].fast
+            if fast is not None and ext.stats(fast)[0]:
+                replayed.add(case.id)
+            for k in (1, 2):
+                assert runs[k] == runs[0], f"{case.id}: call {k + 1} differs:\n{runs[k]}\nvs\n{runs[0]}"
+    missing = COMPILED_EAGER - replayed
+    assert not missing, f"no recipe for {sorted(missing)}"

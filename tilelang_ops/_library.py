@@ -23,12 +23,17 @@ Compiles. Kernels are compiled on the first call that needs them (``kernel``), o
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import math
 import time
 from collections.abc import Callable, Sequence
 from operator import itemgetter
 
 import torch
+
+from metadata.checks import debug_checks_enabled
+from tilelang_ops import _fast
 
 NAMESPACE = "tilelang_ops"
 
@@ -41,13 +46,16 @@ class _OpCall:
     """What an op's Python API needs (``call_op``): the CUDA implementation (version bumps included), the
     tensor arguments of a call, (position, Python type, optional) of its scalar arguments (the dispatcher
     would take a 0-d tensor or a bool as an int, so the Python API checks the exact type first), the
-    scalars of a call, and the tuples of scalar classes already checked."""
+    scalars of a call, the tuples of scalar classes already checked; for the compiled eager path
+    (``_fast``): the op's recipe table (made on first use), the positions it writes and how often each
+    static key took the Python path."""
 
-    __slots__ = ("impl", "tensors_of", "scalars", "scalars_of", "accepted")
+    __slots__ = ("impl", "tensors_of", "scalars", "scalars_of", "accepted", "fast", "written", "seen")
 
-    def __init__(self, impl, tensor_positions, scalars):
+    def __init__(self, impl, tensor_positions, scalars, written):
         self.impl, self.tensors_of, self.scalars = impl, _picker(tensor_positions), scalars
         self.scalars_of, self.accepted = _picker(tuple(i for i, _, _ in scalars)), set()
+        self.fast, self.written, self.seen = None, written, {}
 
 
 _CALLS: dict[object, _OpCall] = {}
@@ -109,7 +117,8 @@ def register_op(name: str, impl: Callable, fake: Callable, *, mutates_args: Sequ
     # no derivative: Autograd and ADInplaceOrView fall through in C++ (see the module docstring)
     _LIB.impl(name, torch.library.fallthrough_kernel, "Autograd")
     _LIB.impl(name, torch.library.fallthrough_kernel, "ADInplaceOrView")
-    cuda_impl = bump_versions(impl, mutated_positions(overload))
+    written = mutated_positions(overload)
+    cuda_impl = bump_versions(impl, written)
     _LIB.impl(name, cuda_impl, "CUDA")
     # CPU tensors reach the implementation too, whose host checks name the argument on the CPU
     _LIB.impl(name, impl, "CPU")
@@ -118,7 +127,7 @@ def register_op(name: str, impl: Callable, fake: Callable, *, mutates_args: Sequ
     scalars = tuple((i, _SCALAR_TYPES[p.split()[0].rstrip("?")], p.split()[0].endswith("?"))
                     for i, p in enumerate(params) if not p.startswith("Tensor"))
     _CALLS[overload] = _OpCall(cuda_impl, tuple(i for i, p in enumerate(params) if p.startswith("Tensor")),
-                               scalars)
+                               scalars, written)
     return overload
 
 
@@ -167,6 +176,11 @@ class Plans:
         _PLAN_CACHES.append(self)
 
     def __call__(self, args: tuple):
+        found = self._find(args)
+        # while a call is recorded, its compiled functions record their launches (``_fast.Recorder``)
+        return _recording(found) if _RECORDING else found
+
+    def _find(self, args: tuple):
         for recent in self.recent:
             tensors_of, check, others_of, others, classes, zeros, found = recent
             now = others_of(args)
@@ -232,9 +246,16 @@ def forget_plans() -> None:
         plans.table.clear()
         plans.recent = []
     _KERNELS.clear()
+    _EXECUTABLES.clear()
+    for call in _CALLS.values():
+        call.seen.clear()
+        if call.fast is not None:
+            _fast.extension().clear(call.fast)
 
 
 _PLAIN = frozenset((torch.Tensor, type(None)))
+
+_fast_call: Callable = None  # the extension's ``call``, once an op has a recipe table
 
 
 def _plain_untraced(tensors: Sequence) -> bool:
@@ -250,12 +271,18 @@ def call_op(op, check: Callable, *args):
     """``op(*args)``; where the dispatcher rejects an argument (a type its schema does not take), or the
     op fails, ``check(*args)`` (the op's host checks) raises the error that names the argument first.
 
-    A plain eager call (not traced, ``_plain_untraced``) runs the op's CUDA implementation itself, which
+    A plain eager call (not traced, ``_plain_untraced``) whose static key a recipe holds is replayed by the
+    compiled eager path (``_fast``); other plain eager calls run the op's CUDA implementation itself, which
     is what the dispatcher would call (the op has no derivative and no other kernel for CUDA tensors),
-    without the dispatcher's boxing of every argument; traced, fake or mode-wrapped calls go through the
-    op."""
+    without the dispatcher's boxing of every argument, and the second such call of a key records its
+    recipe; traced, fake or mode-wrapped calls go through the op."""
     call = _CALLS[op]
     traced = torch.compiler.is_compiling()
+    if not traced and call.fast is not None and not debug_checks_enabled():
+        out = _fast_call(call.fast, args)
+        if out is not NotImplemented:
+            # Ellipsis: a key that a recipe cannot serve, of a plain call that a checked one matched
+            return call.impl(*args) if out is Ellipsis else out
     # the check depends on the classes alone, so an eager call skips it for classes that passed (torch.compile
     # traces the loop: it does not trace an itemgetter)
     classes = None if traced else tuple(map(type, call.scalars_of(args)))
@@ -269,10 +296,78 @@ def call_op(op, check: Callable, *args):
         if not traced:
             call.accepted.add(classes)
     try:
-        return call.impl(*args) if not traced and _plain_untraced(call.tensors_of(args)) else op(*args)
+        if traced or not _plain_untraced(call.tensors_of(args)):
+            return op(*args)
+        if not _COMPILED_EAGER or debug_checks_enabled() or not _recordable(call.tensors_of(args)):
+            return call.impl(*args)
+        return _eager(call, args)
     except (TypeError, RuntimeError):
         check(*args)
         raise
+
+
+RECORD_DEVICES = frozenset(("cuda",))  # devices whose calls become recipes (the CPU tests add "cpu")
+_COMPILED_EAGER = False
+
+
+def compiled_eager(enabled: bool | None = None) -> bool:
+    """Whether plain eager calls of this process record recipes and replay them through the compiled
+    eager path (``_fast``); ``enabled`` sets it (off drops every recipe). Returns the setting before."""
+    global _COMPILED_EAGER
+    before = _COMPILED_EAGER
+    if enabled is not None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled must be a bool or None, got {type(enabled).__name__}")
+        _COMPILED_EAGER = enabled
+        if not enabled:
+            for call in _CALLS.values():
+                call.seen.clear()
+                if call.fast is not None:
+                    _fast.extension().clear(call.fast)
+    return before
+RECORD_AFTER = 1  # Python-path calls of a static key before the next one is recorded
+
+
+def _recordable(tensors: Sequence) -> bool:
+    """Whether the call's device records recipes (its first tensor's: a key holds every tensor's)."""
+    for t in tensors:
+        if t is not None:
+            return t.device.type in RECORD_DEVICES
+    return False
+
+
+def _eager(call: _OpCall, args: tuple):
+    """A plain eager call on the Python path; the ``RECORD_AFTER + 1``-th of its static key is recorded
+    into the op's recipe table."""
+    if _fast.unavailable():
+        return call.impl(*args)
+    key = plan_key(args)
+    seen = call.seen.get(key, 0)
+    if seen < RECORD_AFTER:
+        if len(call.seen) >= MAX_PLANS:
+            call.seen.clear()
+        call.seen[key] = seen + 1
+        return call.impl(*args)
+    ext = _fast.extension()
+    if ext is None:
+        return call.impl(*args)
+    if call.fast is None:
+        global _fast_call
+        _fast_call = ext.call
+        call.fast = ext.new_op(torch.cuda.device_count() >= 2)
+    recorder = _fast.Recorder(args)
+    _RECORDING.append(recorder)
+    try:
+        with recorder:
+            out = call.impl(*args)
+    finally:
+        _RECORDING.pop()
+    try:
+        ext.add(call.fast, args, *recorder.recipe(out, tuple(i for i in call.written if i < len(args)),
+                                                  {t._cdata: t for t in _DUMMIES.values()}))
+    except _fast.Unrepresentable:
+        ext.add(call.fast, args, None, None, None, None)  # the Python path serves the key
+    return out
 
 
 def dense(*args) -> bool:
@@ -313,6 +408,7 @@ def keeps_current_device(fn: Callable, get_device: Callable[[], int],
             if get_device() != before:
                 set_device(before)
 
+    launch.tvm_function = fn  # what the compiled eager path launches (keeping the device itself)
     return launch
 
 
@@ -345,16 +441,51 @@ def kernel(factory, *static) -> Callable:
     key = (id(factory), static)  # factories are module-level objects (JITImpl is not hashable)
     fn = _KERNELS.get(key)
     if fn is not None:
-        return fn
+        return _recording(fn) if _RECORDING else fn
     name = f"{getattr(factory, '__name__', factory)}{static}"
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"tilelang_ops: kernel {name} is not compiled and a CUDA graph is being "
                            f"captured; run the step once (or tilelang_ops.warmup) before capture")
     t0 = time.perf_counter()
-    fn = _KERNELS[key] = direct(factory(*static))
+    fn = _KERNELS[key] = launchable(direct(factory(*static)))
     for report in _progress:
         report(f"compiled {name} in {time.perf_counter() - t0:.1f} s")
+    return _recording(fn) if _RECORDING else fn
+
+
+_EXECUTABLES: dict[int, Callable] = {}  # id -> every compiled function ``kernel`` handed out
+_RECORDING: list = []  # the ``_fast.Recorder`` of the call being recorded, if any
+
+
+def launchable(fn: Callable) -> Callable:
+    """``fn``, known from now on as a compiled function (its launches are recorded into recipes)."""
+    _EXECUTABLES[id(fn)] = fn
     return fn
+
+
+def _recording(found, depth: int = 0):
+    """``found`` (a launch plan, a compiled function) with each compiled function in it wrapped to
+    record its launches into the current recorder; tuples, lists and dataclasses are rebuilt. A compiled
+    function left anywhere else in it makes the call unrepresentable."""
+    if id(found) in _EXECUTABLES and _EXECUTABLES[id(found)] is found:
+        recorder = _RECORDING[-1]
+
+        def launch(*args):
+            recorder.launch(found, args)
+            return found(*args)
+        return launch
+    if depth > 4:
+        return found
+    if type(found) in (tuple, list):
+        items = [_recording(x, depth + 1) for x in found]
+        return found if all(a is b for a, b in zip(items, found)) else type(found)(items)
+    if dataclasses.is_dataclass(found) and not isinstance(found, type):
+        changes = {f.name: _recording(getattr(found, f.name), depth + 1) for f in dataclasses.fields(found)}
+        changes = {k: v for k, v in changes.items() if v is not getattr(found, k)}
+        return dataclasses.replace(found, **changes) if changes else found
+    if any(id(x) in _EXECUTABLES for x in gc.get_referents(found)):
+        _RECORDING[-1].why = f"a compiled function inside a {type(found).__name__}"
+    return found
 
 
 def warmup(step: Callable, *args, progress: Callable[[str], None] | None = print, **kwargs):

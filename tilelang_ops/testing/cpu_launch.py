@@ -43,18 +43,27 @@ def accept_cpu_tensors(put: Callable) -> None:
 
 
 @contextmanager
-def eager_on_the_cpu(make_launch: Callable, put: Callable) -> Iterator[None]:
+def eager_on_the_cpu(make_launch: Callable, put: Callable, *, record: bool = False) -> Iterator[None]:
     """Within: the ops' eager calls run on CPU tensors, each launch calling ``make_launch(factory,
-    *static)`` (made once per plan) with the launch's arguments."""
+    *static)`` (made once per plan) with the launch's arguments. ``record``: CPU calls become recipes of
+    the compiled eager path too (``make_launch`` then returns TVM-FFI functions, e.g. ``probe``)."""
     from tilelang_ops import _library
 
     put(torch.cuda, "get_device_properties", lambda device=None: DEVICE_PROPS)
     accept_cpu_tensors(put)
+    if record:
+        put(_library, "RECORD_DEVICES", _library.RECORD_DEVICES | {"cpu"})
+        put(_library, "_COMPILED_EAGER", True)
     compile_helper = _library.kernel
+
+    def stand_in(factory, *static):
+        fn = _library.launchable(make_launch(factory, *static))
+        return _library._recording(fn) if _library._RECORDING else fn
+
     for module in _op_modules():
         for attr, value in vars(module).copy().items():
             if value is compile_helper:  # under whatever name a module imported it
-                put(module, attr, make_launch)
+                put(module, attr, stand_in)
     put(sys.modules["tilelang_ops.topk.launch"], "device_props", lambda device: DEVICE_PROPS)
     _library.forget_plans()
     try:
