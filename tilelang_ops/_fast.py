@@ -79,8 +79,10 @@ def build(verbose: bool = False) -> str:
     return path
 
 
-def _bump(written: list) -> None:
-    """The version bump of the tensors a call wrote (``_library.bump_versions``'s)."""
+def bump(written: list) -> None:
+    """What the ADInplaceOrView kernel the ops skip does: a version bump of each tensor a call wrote. One
+    call with a list: given a bare tensor, ``_increment_version`` iterates its first dimension and bumps
+    the counter once per row."""
     try:
         torch._C._increment_version(written)
     except RuntimeError:  # an inference tensor, which has no version counter (on some torch versions)
@@ -107,7 +109,7 @@ def extension():
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             has_cuda = hasattr(torch._C, "_cuda_getDevice")
-            module.init(torch.Tensor.__dlpack_c_exchange_api__, torch.Tensor, torch.empty, _bump,
+            module.init(torch.Tensor.__dlpack_c_exchange_api__, torch.Tensor, torch.empty, bump,
                         torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled,
                         torch._C._cuda_getDevice if has_cuda else (lambda: 0),
                         torch._C._cuda_setDevice if has_cuda else (lambda d: None))

@@ -88,19 +88,12 @@ def bump_versions(impl: Callable, indices: tuple[int, ...]) -> Callable:
     default (``out_norm=None``), so a position may be beyond the call's arguments."""
     if not indices:
         return impl
-    bump = torch._C._increment_version
     written_of, last = _picker(indices), max(indices)
 
     def run(*args):
         out = impl(*args)
-        # one call with a list: given a bare tensor, _increment_version iterates its first dimension and
-        # bumps the counter once per row
         written = written_of(args) if len(args) > last else [args[i] for i in indices if i < len(args)]
-        written = [t for t in written if t is not None]
-        try:
-            bump(written)
-        except RuntimeError:  # an inference tensor, which has no version counter (on some torch versions)
-            bump([t for t in written if not t.is_inference()])
+        _fast.bump([t for t in written if t is not None])
         return out
 
     return run
