@@ -928,6 +928,31 @@ def test_compiled_eager_is_off_by_default_and_off_drops_the_recipes(monkeypatch)
         assert ext.stats(fast.fast) == (0, 0, 0)
 
 
+def test_a_replayed_key_still_refuses_out_norm_on_kv(monkeypatch):
+    """The store's one per-call address check holds on the compiled eager path: a recipe recorded with
+    out_norm apart from kv does not serve a call whose out_norm starts where kv does (the recipe matches
+    which arguments share a start), so the Python path raises and nothing is launched."""
+    import tvm_ffi
+
+    from tilelang_ops import _fast, _library
+
+    ext = _fast.extension()
+    sink: list = []
+    ext.probe("tilelang_ops.testing.store_probe", sink)
+    fn = tvm_ffi.get_global_func("tilelang_ops.testing.store_probe")
+    case = OP_CASES["store_fp8_main"]
+    with eager_on_the_cpu(lambda factory, *static: fn, monkeypatch.setattr, record=True):
+        call = case.call("cpu")
+        kv = call["kv"]
+        apart = call.with_(out_norm=torch.empty_like(kv))
+        for _ in range(3):
+            apart(case.fn)
+        assert ext.stats(_library._CALLS[_library.OPS[case.op]].fast)[2] == 1 and len(sink) == 3
+        with pytest.raises(ValueError, match="out_norm must not alias kv"):
+            call.with_(out_norm=kv)(case.fn)
+        assert len(sink) == 3
+
+
 def test_compiled_eager_path_launches_what_the_python_path_launches(monkeypatch):
     """Every case on the CPU with TVM-FFI stand-ins that record their parameters (``probe``): the second
     call of a static key records its recipe, the third is replayed by the compiled eager path, which
@@ -963,6 +988,7 @@ def test_compiled_eager_path_launches_what_the_python_path_launches(monkeypatch)
                 result = call(case.fn)
                 outs = result if isinstance(result, tuple) else (result,)
                 runs.append((_launch_rows(sink, call, result), _meta(result),
+                             [(t.stride(), t.device, t.requires_grad) for t in outputs(result)],
                              {n: t._version - versions[n] for n, t in call.written().items()},
                              tuple(any(o is t for t in call.args.values()) for o in outs)))
             fast = _library._CALLS[_library.OPS[case.op]].fast

@@ -1,7 +1,7 @@
 """The compiled eager path: a plain eager call whose static key an earlier call recorded is replayed by a
 small C++ extension (``csrc/fastpath.cc``) without entering the Python layers: it matches the key on
-tensor attributes, allocates the outputs through ``torch.empty``, launches the TVM-FFI functions on torch's
-current stream and bumps the version counters of what the op writes.
+tensor attributes, allocates the outputs through torch's DLPack allocator, launches the TVM-FFI functions
+on torch's current stream and bumps the version counters of what the op writes.
 
 Recording. The second plain eager call with a static key runs the op's implementation on the Python path
 (every host check included) under ``Recorder``, a dispatch mode that sees every torch operation the
@@ -109,8 +109,9 @@ def extension():
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             has_cuda = hasattr(torch._C, "_cuda_getDevice")
-            module.init(torch.Tensor.__dlpack_c_exchange_api__, torch.Tensor, torch.empty, bump,
-                        torch._C._len_torch_dispatch_stack, torch._C._is_torch_function_mode_enabled,
+            module.init(torch.Tensor.__dlpack_c_exchange_api__, torch.Tensor, bump,
+                        torch._C._increment_version, torch._C._len_torch_dispatch_stack,
+                        torch._C._is_torch_function_mode_enabled,
                         torch._C._cuda_getDevice if has_cuda else (lambda: 0),
                         torch._C._cuda_setDevice if has_cuda else (lambda d: None))
             _module = module

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from operator import itemgetter
@@ -171,7 +172,7 @@ class Plans:
     def __call__(self, args: tuple):
         found = self._find(args)
         # while a call is recorded, its compiled functions record their launches (``_fast.Recorder``)
-        return _recording(found) if _RECORDING else found
+        return found if _LOCAL.recorder is None else _recording(found)
 
     def _find(self, args: tuple):
         for recent in self.recent:
@@ -349,12 +350,12 @@ def _eager(call: _OpCall, args: tuple):
         _fast_call = ext.call
         call.fast = ext.new_op(torch.cuda.device_count() >= 2)
     recorder = _fast.Recorder(args)
-    _RECORDING.append(recorder)
+    _LOCAL.recorder = recorder
     try:
         with recorder:
             out = call.impl(*args)
     finally:
-        _RECORDING.pop()
+        _LOCAL.recorder = None
     try:
         ext.add(call.fast, args, *recorder.recipe(out, tuple(i for i in call.written if i < len(args)),
                                                   {t._cdata: t for t in _DUMMIES.values()}))
@@ -434,7 +435,7 @@ def kernel(factory, *static) -> Callable:
     key = (id(factory), static)  # factories are module-level objects (JITImpl is not hashable)
     fn = _KERNELS.get(key)
     if fn is not None:
-        return _recording(fn) if _RECORDING else fn
+        return fn if _LOCAL.recorder is None else _recording(fn)
     name = f"{getattr(factory, '__name__', factory)}{static}"
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"tilelang_ops: kernel {name} is not compiled and a CUDA graph is being "
@@ -443,11 +444,17 @@ def kernel(factory, *static) -> Callable:
     fn = _KERNELS[key] = launchable(direct(factory(*static)))
     for report in _progress:
         report(f"compiled {name} in {time.perf_counter() - t0:.1f} s")
-    return _recording(fn) if _RECORDING else fn
+    return fn if _LOCAL.recorder is None else _recording(fn)
 
 
 _EXECUTABLES: dict[int, Callable] = {}  # id -> every compiled function ``kernel`` handed out
-_RECORDING: list = []  # the ``_fast.Recorder`` of the call being recorded, if any
+
+
+class _Local(threading.local):
+    recorder = None  # the ``_fast.Recorder`` of the call this thread records, if any
+
+
+_LOCAL = _Local()
 
 
 def launchable(fn: Callable) -> Callable:
@@ -461,7 +468,7 @@ def _recording(found, depth: int = 0):
     record its launches into the current recorder; tuples, lists and dataclasses are rebuilt. A compiled
     function left anywhere else in it makes the call unrepresentable."""
     if id(found) in _EXECUTABLES and _EXECUTABLES[id(found)] is found:
-        recorder = _RECORDING[-1]
+        recorder = _LOCAL.recorder
 
         def launch(*args):
             recorder.launch(found, args)
@@ -477,7 +484,7 @@ def _recording(found, depth: int = 0):
         changes = {k: v for k, v in changes.items() if v is not getattr(found, k)}
         return dataclasses.replace(found, **changes) if changes else found
     if any(id(x) in _EXECUTABLES for x in gc.get_referents(found)):
-        _RECORDING[-1].why = f"a compiled function inside a {type(found).__name__}"
+        _LOCAL.recorder.why = f"a compiled function inside a {type(found).__name__}"
     return found
 
 

@@ -6,10 +6,10 @@
 // compiled TVM-FFI function with its parameters (an argument, an allocation or a kept tensor, possibly
 // viewed at a fixed byte offset with its own shape, strides and dtype; or a constant scalar), the
 // arguments whose version counters it bumps and what it returns. `call(op, args)` finds the recipe whose
-// key the call matches (newest first) and replays it: allocations through torch.empty, launches on
-// torch's current stream, version bumps; it returns NotImplemented where no recipe matches, where a
-// dispatch or torch-function mode is active or where a tensor is not a plain torch.Tensor, and the
-// Python path serves the call.
+// key the call matches (newest first) and replays it: allocations through torch's DLPack allocator
+// (contiguous, as torch.empty makes them), launches on torch's current stream, version bumps. It returns
+// NotImplemented where no recipe matches, where a dispatch or torch-function mode is active or where a
+// tensor is not a plain torch.Tensor, and the Python path serves the call.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlpack/dlpack.h>
@@ -17,6 +17,7 @@
 #include <tvm/ffi/extra/c_env_api.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,9 +28,8 @@ constexpr int kMaxArgs = 32;
 
 const DLPackExchangeAPI* g_api = nullptr;
 PyTypeObject* g_tensor_type = nullptr;
-PyObject* g_empty = nullptr;         // torch.empty
-PyObject* g_empty_kwnames = nullptr;  // ("dtype", "device")
-PyObject* g_bump = nullptr;          // bump(list of tensors): their version counters
+PyObject* g_bump = nullptr;          // bump(list of tensors): their version counters, inference tensors skipped
+PyObject* g_increment = nullptr;     // torch._C._increment_version
 PyObject* g_dispatch_len = nullptr;  // torch._C._len_torch_dispatch_stack
 PyObject* g_function_mode = nullptr;  // torch._C._is_torch_function_mode_enabled
 PyObject* g_get_device = nullptr;    // torch._C._cuda_getDevice
@@ -77,10 +77,10 @@ struct Launch {
   std::vector<Param> params;
 };
 
-struct Alloc {
-  PyObject* size = nullptr;
-  PyObject* dtype = nullptr;
-  PyObject* device = nullptr;
+struct Alloc {  // a contiguous tensor made by torch's DLPack allocator (torch.empty's, without its parser)
+  DLDataType dtype{};
+  DLDevice device{};
+  std::vector<int64_t> shape;
 };
 
 struct Recipe {
@@ -95,11 +95,6 @@ struct Recipe {
 
   ~Recipe() {
     for (auto& a : args) Py_XDECREF(a.obj);
-    for (auto& a : allocs) {
-      Py_XDECREF(a.size);
-      Py_XDECREF(a.dtype);
-      Py_XDECREF(a.device);
-    }
     for (auto& l : launches) {
       Py_XDECREF(l.fn);
       for (auto& p : l.params) Py_XDECREF(p.kept);
@@ -108,12 +103,11 @@ struct Recipe {
 };
 
 struct Op {
-  std::vector<Recipe*> recipes;  // newest first
+  // newest first; shared, so that a replay keeps its recipe while another thread (between the Python calls
+  // a replay makes) adds or clears recipes
+  std::vector<std::shared_ptr<Recipe>> recipes;
   bool keep_device = false;
   long long replays = 0;
-  ~Op() {
-    for (auto* r : recipes) delete r;
-  }
 };
 
 void OpDestructor(PyObject* capsule) { delete static_cast<Op*>(PyCapsule_GetPointer(capsule, "tilelang_ops.op")); }
@@ -208,7 +202,8 @@ int FillTensorParam(PyObject* tensor, const DLTensor& src, Param* p) {
 // add(op, args, allocs, launches, bumps, result): a recipe from one recorded call; with allocs None, a
 // key that the Python path serves (call returns Ellipsis for it).
 //   args      the call's arguments (tuple)
-//   allocs    ((size, dtype, device, the allocated tensor), ...)
+//   allocs    ((size, dtype, device, the allocated tensor), ...): contiguous tensors of its dtype, device
+//             and shape
 //   launches  ((tvm_ffi.Function, (param, ...)), ...); param: ("arg", i, tensor) | ("alloc", j, tensor) |
 //             ("kept", tensor) | ("int", v) | ("float", v) | ("bool", v) | ("none",)
 //   bumps     argument positions whose version counters the call bumps
@@ -225,7 +220,7 @@ PyObject* Add(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     PyErr_SetString(PyExc_ValueError, "args must be a tuple of at most 32 arguments");
     return nullptr;
   }
-  auto* r = new Recipe();
+  auto r = std::make_shared<Recipe>();
   Py_ssize_t n = PyTuple_GET_SIZE(args);
   std::vector<DLTensor> dls(n);
   std::vector<PyObject*> objs(n, nullptr);
@@ -260,18 +255,17 @@ PyObject* Add(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
         Py_DECREF(fast);
         goto fail;
       }
-      Alloc a;
-      a.size = PySequence_Tuple(size);
-      Py_INCREF(dtype);
-      Py_INCREF(device);
-      a.dtype = dtype;
-      a.device = device;
-      r->allocs.push_back(a);
       alloc_dls.emplace_back();
-      if (a.size == nullptr || Export(tensor, &alloc_dls.back()) != 0) {
+      if (Export(tensor, &alloc_dls.back()) != 0) {
         Py_DECREF(fast);
         goto fail;
       }
+      Alloc a;
+      const DLTensor& t = alloc_dls.back();
+      a.dtype = t.dtype;
+      a.device = t.device;
+      a.shape.assign(t.shape, t.shape + t.ndim);
+      r->allocs.push_back(a);
     }
     Py_DECREF(fast);
     fast = PySequence_Fast(launches, "launches");
@@ -323,11 +317,11 @@ PyObject* Add(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
           Py_INCREF(t);
           p.kept = t;
           rc = Export(t, &p.kept_dl);
-          if (rc == 0) {  // its export points into the tensor, which the recipe keeps alive
-            p.shape.assign(p.kept_dl.shape, p.kept_dl.shape + p.kept_dl.ndim);
-            p.strides.assign(p.kept_dl.strides, p.kept_dl.strides + p.kept_dl.ndim);
-            p.kept_dl.shape = p.shape.data();
-            p.kept_dl.strides = p.strides.data();
+          if (rc == 0) {  // its geometry is copied: the export's arrays live only as long as the tensor's
+            p.shape.assign(p.kept_dl.shape, p.kept_dl.shape + p.kept_dl.ndim);  // sizes (it is kept alive,
+            p.strides.assign(p.kept_dl.strides, p.kept_dl.strides + p.kept_dl.ndim);  // but not its view)
+            p.kept_dl.shape = nullptr;
+            p.kept_dl.strides = nullptr;
           }
         } else if (!std::strcmp(kind, "int") || !std::strcmp(kind, "bool")) {
           p.kind = kind[0] == 'i' ? kParamInt : kParamBool;
@@ -375,14 +369,10 @@ PyObject* Add(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     }
   }
 done:
-  if (static_cast<int>(op->recipes.size()) >= kMaxRecipes) {
-    delete op->recipes.back();
-    op->recipes.pop_back();
-  }
+  if (static_cast<int>(op->recipes.size()) >= kMaxRecipes) op->recipes.pop_back();
   op->recipes.insert(op->recipes.begin(), r);
   Py_RETURN_NONE;
 fail:
-  delete r;
   return nullptr;
 }
 
@@ -494,7 +484,13 @@ int RunLaunches(const Recipe& r, const std::vector<DLTensor>& arg_dls, const std
         case kParamTensor: {
           const DLTensor* src = p.source == kSrcArg ? &arg_dls[p.index]
                                 : p.source == kSrcAlloc ? &alloc_dls[p.index] : &p.kept_dl;
-          if (p.view) {
+          if (p.source == kSrcKept) {  // the kept tensor's geometry from the recipe's own arrays
+            DLTensor& t = views[q];
+            t = p.kept_dl;
+            t.shape = const_cast<int64_t*>(p.shape.data());
+            t.strides = const_cast<int64_t*>(p.strides.data());
+            src = &t;
+          } else if (p.view) {
             DLTensor& t = views[q];
             t = *src;
             t.data = Start(*src) + p.offset;
@@ -539,6 +535,10 @@ int RunLaunches(const Recipe& r, const std::vector<DLTensor>& arg_dls, const std
   return rc;
 }
 
+void SetAllocError(void*, const char* kind, const char* message) {
+  PyErr_Format(PyExc_RuntimeError, "%s: %s", kind, message);
+}
+
 PyObject* Replay(Op* op, const Recipe& r, PyObject* args, const std::vector<DLTensor>& dls) {
   size_t na = r.allocs.size();
   std::vector<PyObject*> outs(na, nullptr);
@@ -546,9 +546,18 @@ PyObject* Replay(Op* op, const Recipe& r, PyObject* args, const std::vector<DLTe
   PyObject* ret = nullptr;
   long long before = 0, after = 0;
   for (size_t j = 0; j < na; ++j) {
-    PyObject* stack[3] = {r.allocs[j].size, r.allocs[j].dtype, r.allocs[j].device};
-    outs[j] = PyObject_Vectorcall(g_empty, stack, 1, g_empty_kwnames);
-    if (outs[j] == nullptr || Export(outs[j], &alloc_dls[j]) != 0) goto done;
+    const Alloc& a = r.allocs[j];
+    DLTensor proto{};
+    proto.device = a.device;
+    proto.dtype = a.dtype;
+    proto.ndim = static_cast<int32_t>(a.shape.size());
+    proto.shape = const_cast<int64_t*>(a.shape.data());
+    DLManagedTensorVersioned* made = nullptr;
+    if (g_api->managed_tensor_allocator(&proto, &made, nullptr, SetAllocError) != 0 || made == nullptr) goto done;
+    void* obj = nullptr;
+    if (g_api->managed_tensor_to_py_object_no_sync(made, &obj) != 0) goto done;  // owns made either way
+    outs[j] = static_cast<PyObject*>(obj);
+    if (Export(outs[j], &alloc_dls[j]) != 0) goto done;
   }
   if (op->keep_device && CallPython(g_get_device, nullptr, &before) != 0) goto done;
   if (RunLaunches(r, dls, alloc_dls) != 0) {
@@ -582,7 +591,11 @@ PyObject* Replay(Op* op, const Recipe& r, PyObject* args, const std::vector<DLTe
         goto done;
       }
     }
-    PyObject* res = PyObject_CallOneArg(g_bump, written);
+    PyObject* res = PyObject_CallOneArg(g_increment, written);
+    if (res == nullptr && PyErr_ExceptionMatches(PyExc_RuntimeError)) {  // an inference tensor among them
+      PyErr_Clear();
+      res = PyObject_CallOneArg(g_bump, written);
+    }
     Py_DECREF(written);
     if (res == nullptr) goto done;
     Py_DECREF(res);
@@ -642,7 +655,7 @@ PyObject* Call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     }
   }
   for (size_t k = 0; k < op->recipes.size(); ++k) {
-    Recipe* r = op->recipes[k];
+    std::shared_ptr<Recipe> r = op->recipes[k];
     if (!Matches(*r, args, dls, is_tensor)) continue;
     if (k) {
       op->recipes.erase(op->recipes.begin() + k);
@@ -755,7 +768,6 @@ PyObject* NewOp(PyObject*, PyObject* arg) {
 PyObject* Clear(PyObject*, PyObject* capsule) {
   Op* op = GetOp(capsule);
   if (op == nullptr) return nullptr;
-  for (auto* r : op->recipes) delete r;
   op->recipes.clear();
   op->replays = 0;
   Py_RETURN_NONE;
@@ -766,12 +778,12 @@ PyObject* Stats(PyObject*, PyObject* capsule) {
   Op* op = GetOp(capsule);
   if (op == nullptr) return nullptr;
   long long python = 0;
-  for (auto* r : op->recipes) python += r->python;
+  for (auto& r : op->recipes) python += r->python;
   return Py_BuildValue("(LLL)", static_cast<long long>(op->recipes.size()) - python, python, op->replays);
 }
 
-// init(exchange_api capsule, torch.Tensor, torch.empty, bump, dispatch_len, function_mode, get_device,
-//      set_device)
+// init(exchange_api capsule, torch.Tensor, bump, increment_version, dispatch_len, function_mode,
+//      get_device, set_device)
 PyObject* Init(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   if (argc != 8) {
     PyErr_SetString(PyExc_TypeError, "init takes 8 arguments");
@@ -780,20 +792,19 @@ PyObject* Init(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   auto* api = static_cast<const DLPackExchangeAPI*>(PyCapsule_GetPointer(argv[0], "dlpack_exchange_api"));
   if (api == nullptr) return nullptr;
   if (api->header.version.major != DLPACK_MAJOR_VERSION || api->dltensor_from_py_object_no_sync == nullptr ||
-      api->current_work_stream == nullptr) {
+      api->current_work_stream == nullptr || api->managed_tensor_allocator == nullptr ||
+      api->managed_tensor_to_py_object_no_sync == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "torch's DLPack exchange API lacks what the fast path needs");
     return nullptr;
   }
   g_api = api;
-  PyObject** slots[] = {reinterpret_cast<PyObject**>(&g_tensor_type), &g_empty, &g_bump, &g_dispatch_len,
+  PyObject** slots[] = {reinterpret_cast<PyObject**>(&g_tensor_type), &g_bump, &g_increment, &g_dispatch_len,
                         &g_function_mode, &g_get_device, &g_set_device};
   for (int k = 0; k < 7; ++k) {
     Py_INCREF(argv[k + 1]);
     Py_XDECREF(*slots[k]);
     *slots[k] = argv[k + 1];
   }
-  if (g_empty_kwnames == nullptr) g_empty_kwnames = Py_BuildValue("(ss)", "dtype", "device");
-  if (g_empty_kwnames == nullptr) return nullptr;
   Py_RETURN_NONE;
 }
 

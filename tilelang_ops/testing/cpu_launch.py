@@ -58,7 +58,7 @@ def eager_on_the_cpu(make_launch: Callable, put: Callable, *, record: bool = Fal
 
     def stand_in(factory, *static):
         fn = _library.launchable(make_launch(factory, *static))
-        return _library._recording(fn) if _library._RECORDING else fn
+        return fn if _library._LOCAL.recorder is None else _library._recording(fn)
 
     for module in _op_modules():
         for attr, value in vars(module).copy().items():
