@@ -807,7 +807,7 @@ def test_compiled_eager_path_is_bitwise_the_python_path(case):
     if "clean" in inspect.signature(fn).parameters:  # every logit written, so outputs compare whole
         fn = functools.partial(fn, clean=True)
     call = case.call("cuda")
-    _library.forget_plans()  # the first call takes the Python path, the second records, the third replays
+    _library.forget_recipes()  # the first call takes the Python path, the second records, the third replays
     runs = []
     before = tilelang_ops.compiled_eager(True)
     try:

@@ -241,6 +241,11 @@ def forget_plans() -> None:
         plans.recent = []
     _KERNELS.clear()
     _EXECUTABLES.clear()
+    forget_recipes()
+
+
+def forget_recipes() -> None:
+    """Drop every recipe of the compiled eager path (each key records again on its second plain call)."""
     for call in _CALLS.values():
         call.seen.clear()
         if call.fast is not None:
@@ -314,10 +319,7 @@ def compiled_eager(enabled: bool | None = None) -> bool:
             raise TypeError(f"enabled must be a bool or None, got {type(enabled).__name__}")
         _COMPILED_EAGER = enabled
         if not enabled:
-            for call in _CALLS.values():
-                call.seen.clear()
-                if call.fast is not None:
-                    _fast.extension().clear(call.fast)
+            forget_recipes()
     return before
 RECORD_AFTER = 1  # Python-path calls of a static key before the next one is recorded
 
