@@ -834,10 +834,22 @@ def test_compiled_decode_step_is_bitwise_eager():
 
 
 @needs_cuda
-def test_cuda_graph_replay_of_a_decode_step_is_bitwise_eager():
+@pytest.mark.parametrize("compiled", [False, True], ids=["python_path", "compiled_eager"])
+def test_cuda_graph_replay_of_a_decode_step_is_bitwise_eager(compiled):
+    """A captured decode step replays bitwise what eager calls give; with the compiled eager path the
+    capture and the eager calls are replays of recipes (the two warm-ups record them)."""
+    before = tilelang_ops.compiled_eager(compiled)
+    try:
+        _check_graph_replay(warmups=2 if compiled else 1)
+    finally:
+        tilelang_ops.compiled_eager(before)
+
+
+def _check_graph_replay(warmups: int):
     step, static = _step("cuda")
     initial = _clone(static)
-    tilelang_ops.warmup(step, *_clone(static), progress=None)
+    for _ in range(warmups):
+        tilelang_ops.warmup(step, *_clone(static), progress=None)
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
