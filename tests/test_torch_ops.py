@@ -914,6 +914,70 @@ def _launch_rows(sink: list, call, result) -> list:
             for fn, row in sink]
 
 
+def test_the_extension_replays_only_a_call_that_matches_the_recipe():
+    """The C++ extension alone: a recipe (one view of an argument, one allocation, scalars) replays a call
+    with the same key, launching the view at its offset and returning the allocation and the argument, with
+    the argument's version bumped; any difference in the key (shape, strides, dtype, alignment, which
+    arguments share a start, a scalar's type or value, None for a tensor), a tensor subclass or an active
+    mode answers NotImplemented and launches nothing; malformed recipes raise."""
+    import tvm_ffi
+    from torch.overrides import TorchFunctionMode
+
+    from tilelang_ops import _fast
+
+    ext = _fast.extension()
+    sink: list = []
+    ext.probe("tilelang_ops.testing.unit_probe", sink)
+    fn = tvm_ffi.get_global_func("tilelang_ops.testing.unit_probe")
+    op = ext.new_op(False)
+    x, y = torch.arange(12.0).reshape(3, 4), torch.zeros(3, 4)
+    out = torch.empty(3, 2)
+    launch = (fn, (("arg", 0, x[:, 1:3]), ("alloc", 0, out), ("int", 7), ("float", 1.5), ("bool", 1),
+                   ("none",), ("arg", 1, y)))
+    ext.add(op, (x, y, 5, 2.5, torch.int32, "fp8", None), (((3, 2), torch.float32, x.device, out),),
+            (launch,), (0,), ("tuple", (-1, 1)))
+
+    a, b = torch.ones(3, 4), torch.ones(3, 4)
+    key = (a, b, 5, 2.5, torch.int32, "fp8", None)
+    v = a._version
+    got = ext.call(op, key)
+    assert got[1] is b and got[0].shape == (3, 2) and got[0].dtype == torch.float32 and a._version == v + 1
+    (_, row), = sink
+    assert row[0][:4] == (a.data_ptr() + 4, (3, 2), (4, 1), (2, 32, 1))  # x[:, 1:3] of this call's a
+    assert row[1][:3] == (got[0].data_ptr(), (3, 2), (2, 1)) and row[2:6] == (7, 1.5, True, None)
+    assert row[6][:3] == (b.data_ptr(), (3, 4), (4, 1))
+
+    base = torch.ones(13)
+    changed = {
+        "shape": (torch.ones(3, 5), b), "strides": (torch.ones(4, 3).t(), b),
+        "dtype": (torch.ones(3, 4, dtype=torch.float64), b), "alignment": (base[1:].view(3, 4), b),
+        "same start": (a, a), "subclass": (torch.nn.Parameter(torch.ones(3, 4)), b),
+    }
+    scalars = {"int value": (2, 6), "bool for int": (2, True), "int for float": (3, 2),
+               "float value": (3, -2.5), "dtype": (4, torch.int64), "str": (5, "fp4"),
+               "tensor for None": (6, a)}
+    calls = {name: t + key[2:] for name, t in changed.items()}
+    calls.update({name: key[:i] + (value,) + key[i + 1:] for name, (i, value) in scalars.items()})
+    sink.clear()
+    for name, args in calls.items():
+        assert ext.call(op, args) is NotImplemented, name
+    with FakeTensorMode():
+        assert ext.call(op, key) is NotImplemented, "a dispatch mode"
+    with TorchFunctionMode():
+        assert ext.call(op, key) is NotImplemented, "a torch-function mode"
+    assert not sink and ext.stats(op) == (1, 0, 1)
+
+    for bad, match in [((("arg", 2, x),), "out of range"), ((("alloc", 1, out),), "out of range"),
+                       ((("what", 1),), "unknown parameter kind")]:
+        with pytest.raises(ValueError, match=match):
+            ext.add(op, (x, y, 5), (((3, 2), torch.float32, x.device, out),), ((fn, bad),), (), None)
+    with pytest.raises(ValueError, match="bumped argument"):
+        ext.add(op, (x,), (), (), (3,), None)
+    with pytest.raises(ValueError, match="neither a tensor argument nor an allocation"):
+        ext.add(op, (x, 5), (), (), (), ("one", 1))
+    assert ext.stats(op) == (1, 0, 1)
+
+
 def test_compiled_eager_is_off_by_default_and_off_drops_the_recipes(monkeypatch):
     """``compiled_eager``: off in a new process, takes a bool, returns the setting before; turning it off
     drops every recipe, so no call is replayed after."""

@@ -361,7 +361,7 @@ def _eager(call: _OpCall, args: tuple):
     try:
         ext.add(call.fast, args, *recorder.recipe(out, tuple(i for i in call.written if i < len(args)),
                                                   {t._cdata: t for t in _DUMMIES.values()}))
-    except _fast.Unrepresentable:
+    except (_fast.Unrepresentable, ValueError):  # (ValueError: beyond the extension's bounds)
         ext.add(call.fast, args, None, None, None, None)  # the Python path serves the key
     return out
 

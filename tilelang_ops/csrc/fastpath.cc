@@ -16,6 +16,7 @@
 #include <tvm/ffi/c_api.h>
 #include <tvm/ffi/extra/c_env_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -24,7 +25,9 @@
 namespace {
 
 constexpr int kMaxRecipes = 8;  // per op: an engine alternates a few static keys per op
-constexpr int kMaxArgs = 32;
+constexpr int kMaxArgs = 32;     // arguments of a call
+constexpr int kMaxParams = 64;   // parameters of a launch
+constexpr int kMaxAllocs = 16;   // allocations of a call
 
 const DLPackExchangeAPI* g_api = nullptr;
 PyTypeObject* g_tensor_type = nullptr;
@@ -116,7 +119,16 @@ Op* GetOp(PyObject* capsule) { return static_cast<Op*>(PyCapsule_GetPointer(caps
 
 bool IsTensor(PyObject* o) { return Py_TYPE(o) == g_tensor_type; }
 
-int Export(PyObject* tensor, DLTensor* out) { return g_api->dltensor_from_py_object_no_sync(tensor, out); }
+// The DLTensor of a torch tensor (its arrays live as long as the tensor's sizes); -1 with a Python error
+// where torch cannot export it or gives no strides (which recipes compare).
+int Export(PyObject* tensor, DLTensor* out) {
+  if (g_api->dltensor_from_py_object_no_sync(tensor, out) != 0) return -1;
+  if (out->ndim > 0 && out->strides == nullptr) {
+    PyErr_SetString(PyExc_BufferError, "a tensor exported without strides");
+    return -1;
+  }
+  return 0;
+}
 
 // ---------------------------------------------------------------------------------------------------
 // recipes
@@ -248,6 +260,11 @@ PyObject* Add(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     std::vector<DLTensor> alloc_dls;
     PyObject* fast = PySequence_Fast(allocs, "allocs");
     if (fast == nullptr) goto fail;
+    if (PySequence_Fast_GET_SIZE(fast) > kMaxAllocs) {
+      PyErr_SetString(PyExc_ValueError, "a recipe makes at most 16 allocations");
+      Py_DECREF(fast);
+      goto fail;
+    }
     for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(fast); ++j) {
       PyObject* item = PySequence_Fast_GET_ITEM(fast, j);
       PyObject *size, *dtype, *device, *tensor;
@@ -288,7 +305,11 @@ PyObject* Add(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
       l.handle = PyLong_AsVoidPtr(h);
       Py_DECREF(h);
       PyObject* pf = PySequence_Fast(params, "params");
-      if (pf == nullptr) {
+      if (pf == nullptr || PySequence_Fast_GET_SIZE(pf) > kMaxParams) {
+        if (pf != nullptr) {
+          PyErr_SetString(PyExc_ValueError, "a launch takes at most 64 parameters");
+          Py_DECREF(pf);
+        }
         Py_DECREF(fast);
         goto fail;
       }
@@ -350,7 +371,13 @@ PyObject* Add(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   {
     std::vector<int64_t> b;
     if (ReadShape(bumps, &b) != 0) goto fail;
-    for (auto v : b) r->bumps.push_back(static_cast<int>(v));
+    for (auto v : b) {
+      if (v < 0 || v >= n) {
+        PyErr_SetString(PyExc_ValueError, "a bumped argument is out of range");
+        goto fail;
+      }
+      r->bumps.push_back(static_cast<int>(v));
+    }
     if (result == Py_None) {
       r->result_kind = 0;
     } else {
@@ -365,7 +392,13 @@ PyObject* Add(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
       } else if (ReadShape(what, &refs) != 0) {
         goto fail;
       }
-      for (auto v : refs) r->result.push_back(static_cast<int>(v));
+      for (auto v : refs) {
+        if (v >= n || v < -static_cast<int64_t>(r->allocs.size()) || (v >= 0 && objs[v] == nullptr)) {
+          PyErr_SetString(PyExc_ValueError, "a result is neither a tensor argument nor an allocation");
+          goto fail;
+        }
+        r->result.push_back(static_cast<int>(v));
+      }
     }
   }
 done:
@@ -380,7 +413,7 @@ fail:
 // calls
 // ---------------------------------------------------------------------------------------------------
 
-bool Matches(const Recipe& r, PyObject* args, const std::vector<DLTensor>& dls, const std::vector<char>& is_tensor) {
+bool Matches(const Recipe& r, PyObject* args, const DLTensor* dls, const char* is_tensor) {
   Py_ssize_t n = PyTuple_GET_SIZE(args);
   if (static_cast<Py_ssize_t>(r.args.size()) != n) return false;
   for (Py_ssize_t i = 0; i < n; ++i) {
@@ -461,7 +494,7 @@ int RaiseFFIError(const char* what) {
 }
 
 // Launches every launch of r on the current stream of its device.
-int RunLaunches(const Recipe& r, const std::vector<DLTensor>& arg_dls, const std::vector<DLTensor>& alloc_dls) {
+int RunLaunches(const Recipe& r, const DLTensor* arg_dls, const DLTensor* alloc_dls) {
   void* stream = nullptr;
   TVMFFIStreamHandle prev = nullptr;
   bool set_stream = r.device_type != kDLCPU;
@@ -472,8 +505,8 @@ int RunLaunches(const Recipe& r, const std::vector<DLTensor>& arg_dls, const std
   int rc = 0;
   for (const Launch& l : r.launches) {
     size_t np = l.params.size();
-    std::vector<TVMFFIAny> any(np);
-    std::vector<DLTensor> views(np);
+    TVMFFIAny any[kMaxParams];
+    DLTensor views[kMaxParams];
     for (size_t q = 0; q < np; ++q) {
       const Param& p = l.params[q];
       TVMFFIAny& v = any[q];
@@ -525,7 +558,7 @@ int RunLaunches(const Recipe& r, const std::vector<DLTensor>& arg_dls, const std
     result.type_index = kTVMFFINone;
     result.zero_padding = 0;
     result.v_int64 = 0;
-    if (TVMFFIFunctionCall(l.handle, any.data(), static_cast<int32_t>(np), &result) != 0) {
+    if (TVMFFIFunctionCall(l.handle, any, static_cast<int32_t>(np), &result) != 0) {
       rc = RaiseFFIError("a kernel launch");
       break;
     }
@@ -539,10 +572,10 @@ void SetAllocError(void*, const char* kind, const char* message) {
   PyErr_Format(PyExc_RuntimeError, "%s: %s", kind, message);
 }
 
-PyObject* Replay(Op* op, const Recipe& r, PyObject* args, const std::vector<DLTensor>& dls) {
+PyObject* Replay(Op* op, const Recipe& r, PyObject* args, const DLTensor* dls) {
   size_t na = r.allocs.size();
-  std::vector<PyObject*> outs(na, nullptr);
-  std::vector<DLTensor> alloc_dls(na);
+  PyObject* outs[kMaxAllocs] = {};
+  DLTensor alloc_dls[kMaxAllocs];
   PyObject* ret = nullptr;
   long long before = 0, after = 0;
   for (size_t j = 0; j < na; ++j) {
@@ -618,7 +651,7 @@ PyObject* Replay(Op* op, const Recipe& r, PyObject* args, const std::vector<DLTe
     }
   }
 done:
-  for (PyObject* o : outs) Py_XDECREF(o);
+  for (size_t j = 0; j < na; ++j) Py_XDECREF(outs[j]);
   return ret;
 }
 
@@ -640,8 +673,8 @@ PyObject* Call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   if (modes) Py_RETURN_NOTIMPLEMENTED;
   if (CallPython(g_function_mode, nullptr, &modes) != 0) return nullptr;
   if (modes) Py_RETURN_NOTIMPLEMENTED;
-  std::vector<DLTensor> dls(n);
-  std::vector<char> is_tensor(n, 0);
+  DLTensor dls[kMaxArgs];
+  char is_tensor[kMaxArgs] = {};
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* a = PyTuple_GET_ITEM(args, i);
     if (IsTensor(a)) {
@@ -657,8 +690,10 @@ PyObject* Call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   for (size_t k = 0; k < op->recipes.size(); ++k) {
     std::shared_ptr<Recipe> r = op->recipes[k];
     if (!Matches(*r, args, dls, is_tensor)) continue;
-    if (k) {
-      op->recipes.erase(op->recipes.begin() + k);
+    // to the front, found again: a comparison may have run Python code that changed the table
+    auto at = std::find(op->recipes.begin(), op->recipes.end(), r);
+    if (at != op->recipes.end() && at != op->recipes.begin()) {
+      op->recipes.erase(at);
       op->recipes.insert(op->recipes.begin(), r);
     }
     if (r->python) {
