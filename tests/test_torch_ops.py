@@ -934,7 +934,7 @@ def test_the_extension_replays_only_a_call_that_matches_the_recipe():
     out = torch.empty(3, 2)
     launch = (fn, (("arg", 0, x[:, 1:3]), ("alloc", 0, out), ("int", 7), ("float", 1.5), ("bool", 1),
                    ("none",), ("arg", 1, y)))
-    ext.add(op, (x, y, 5, 2.5, torch.int32, "fp8", None), (((3, 2), torch.float32, x.device, out),),
+    ext.add(op, (x, y, 5, 2.5, torch.int32, "fp8", None), (out,),
             (launch,), (0,), ("tuple", (-1, 1)))
 
     a, b = torch.ones(3, 4), torch.ones(3, 4)
@@ -970,7 +970,7 @@ def test_the_extension_replays_only_a_call_that_matches_the_recipe():
     for bad, match in [((("arg", 2, x),), "out of range"), ((("alloc", 1, out),), "out of range"),
                        ((("what", 1),), "unknown parameter kind")]:
         with pytest.raises(ValueError, match=match):
-            ext.add(op, (x, y, 5), (((3, 2), torch.float32, x.device, out),), ((fn, bad),), (), None)
+            ext.add(op, (x, y, 5), (out,), ((fn, bad),), (), None)
     with pytest.raises(ValueError, match="bumped argument"):
         ext.add(op, (x,), (), (), (3,), None)
     with pytest.raises(ValueError, match="neither a tensor argument nor an allocation"):

@@ -145,7 +145,7 @@ class Recorder(TorchDispatchMode):
         # its caller gets
         self.source: dict[int, tuple] = {}  # tensor's _cdata -> ("arg", i) | ("alloc", j)
         self.keep: list = []  # every tensor seen, so that no id is reused while recording
-        self.allocs: list[tuple] = []  # (size, dtype, device, tensor)
+        self.allocs: list[torch.Tensor] = []  # what the call allocated, in order
         self.launches: list[tuple] = []  # (fn, args)
         self.why: str | None = None
         for i, a in enumerate(args):
@@ -161,7 +161,7 @@ class Recorder(TorchDispatchMode):
                 self.why = self.why or f"{func} with {kwargs}"
             self.keep.append(out)
             self.source[out._cdata] = ("alloc", len(self.allocs))
-            self.allocs.append((tuple(int(s) for s in args[0]), out.dtype, out.device, out))
+            self.allocs.append(out)
         elif func.is_view and args and isinstance(args[0], torch.Tensor):
             src = self.source.get(args[0]._cdata)
             for o in (out if isinstance(out, (tuple, list)) else (out,)):
@@ -185,7 +185,7 @@ class Recorder(TorchDispatchMode):
             if not hasattr(function, "__chandle__"):
                 raise Unrepresentable(f"{fn!r} is not a TVM-FFI function")
             launches.append((function, tuple(self._param(a, kept) for a in args)))
-        return tuple(a[:4] for a in self.allocs), tuple(launches), bumps, self._result(result)
+        return tuple(self.allocs), tuple(launches), bumps, self._result(result)
 
     def _param(self, a, kept: dict) -> tuple:
         if isinstance(a, torch.Tensor):
@@ -216,7 +216,7 @@ class Recorder(TorchDispatchMode):
         # (a factory function's result reaches its caller through a detach: an alias of the allocation)
         src = self.source.get(t._cdata)
         if src is not None and src[0] == "alloc":
-            made = self.allocs[src[1]][3]
+            made = self.allocs[src[1]]
             if (t.data_ptr(), t.shape, t.stride(), t.dtype) == (made.data_ptr(), made.shape, made.stride(),
                                                                  made.dtype):
                 return -(src[1] + 1)

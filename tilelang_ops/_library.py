@@ -295,9 +295,12 @@ def call_op(op, check: Callable, *args):
         if not traced:
             call.accepted.add(classes)
     try:
-        if traced or not _plain_untraced(call.tensors_of(args)):
+        if traced:
             return op(*args)
-        if not _COMPILED_EAGER or debug_checks_enabled() or not _recordable(call.tensors_of(args)):
+        tensors = call.tensors_of(args)
+        if not _plain_untraced(tensors):
+            return op(*args)
+        if not _COMPILED_EAGER or debug_checks_enabled() or not _recordable(tensors):
             return call.impl(*args)
         return _eager(call, args)
     except (TypeError, RuntimeError):
@@ -321,6 +324,8 @@ def compiled_eager(enabled: bool | None = None) -> bool:
         if not enabled:
             forget_recipes()
     return before
+
+
 RECORD_AFTER = 1  # Python-path calls of a static key before the next one is recorded
 
 

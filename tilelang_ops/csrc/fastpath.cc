@@ -214,8 +214,8 @@ int FillTensorParam(PyObject* tensor, const DLTensor& src, Param* p) {
 // add(op, args, allocs, launches, bumps, result): a recipe from one recorded call; with allocs None, a
 // key that the Python path serves (call returns Ellipsis for it).
 //   args      the call's arguments (tuple)
-//   allocs    ((size, dtype, device, the allocated tensor), ...): contiguous tensors of its dtype, device
-//             and shape
+//   allocs    (tensor, ...): the call's allocations; a replay makes contiguous tensors of their dtype,
+//             device and shape
 //   launches  ((tvm_ffi.Function, (param, ...)), ...); param: ("arg", i, tensor) | ("alloc", j, tensor) |
 //             ("kept", tensor) | ("int", v) | ("float", v) | ("bool", v) | ("none",)
 //   bumps     argument positions whose version counters the call bumps
@@ -266,9 +266,9 @@ PyObject* Add(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
       goto fail;
     }
     for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(fast); ++j) {
-      PyObject* item = PySequence_Fast_GET_ITEM(fast, j);
-      PyObject *size, *dtype, *device, *tensor;
-      if (!PyArg_ParseTuple(item, "OOOO", &size, &dtype, &device, &tensor)) {
+      PyObject* tensor = PySequence_Fast_GET_ITEM(fast, j);
+      if (!IsTensor(tensor)) {
+        PyErr_SetString(PyExc_TypeError, "an allocation must be a torch.Tensor");
         Py_DECREF(fast);
         goto fail;
       }
