@@ -150,6 +150,10 @@ def run(h, sweep: bool = False, no_torch_peers: bool = False) -> None:
         widths = int((kw["ke"] - kw["ks"]).sum())
         nbytes = nkeys * ROW + t * HEADS * ROW + widths * 4
         peers = {}
+        # the scores on wgmma (IndexLogitsConfig.wgmma): two or one CTAs per SM
+        for name, ctas in (("wgmma", 2), ("wgmma_min_ctas0", 0)):
+            cfg = replace(base, wgmma=True, min_ctas=ctas)
+            peers[name] = time_peer(name, lambda cfg=cfg, fn=fn: fn(cfg), lambda f: time_us(f, rep=5))
         if sweep:
             peers.update(_config_peers(fn, base, 0))
             for rows, warps in ((8, 8), (2, 4), (1, 4)):

@@ -281,7 +281,9 @@ def test_launch_rule_gives_valid_configs():
 @pytest.mark.parametrize("schedule", ["random", "warps"])
 def test_emulator_runs_one_case_of_each_kernel(schedule):
     """Generated CUDA on the CPU emulator (tools/index_logits_emu.py), bitwise against the twins: the
-    quantize kernel, the paged kernel (fast and general path), candidates, ragged; under random switches
+    quantize kernel, the paged kernel (fast and general path), candidates, ragged on mma.sync and on wgmma
+    (the emulator computes a wgmma from its A fragments and the B bytes its descriptor addresses, per the
+    PTX ISA's K-major layout without swizzle; only the GPU tier checks that reading); under random switches
     and warp-serially (fiber_emu: a race between two barriers changes the results)."""
     from tools.index_logits_emu import emulate_paged, emulate_quantize, emulate_ragged
 
@@ -295,9 +297,11 @@ def test_emulator_runs_one_case_of_each_kernel(schedule):
         kw = make_paged_inputs(case)
         got = emulate_paged(schedule=schedule, **_fresh(kw))
         compare_bitwise("logits", got, paged_index_logits_torch(**_fresh(kw))).check()
-    kw = make_ragged_inputs(R("r", 6, 70, ranges="ragged", clean=True))
-    got = emulate_ragged(schedule=schedule, **_fresh(kw))
-    compare_bitwise("logits", got, ragged_index_logits_torch(**_fresh(kw))).check()
+    for case, cfg in ((R("r", 6, 70, ranges="ragged", clean=True), None),
+                      (R("wg", 7, 130, ranges="ragged", dist="mixed", clean=True), WGMMA_CFG)):
+        kw = make_ragged_inputs(case)
+        got = emulate_ragged(schedule=schedule, config=cfg, **_fresh(kw))
+        compare_bitwise("logits", got, ragged_index_logits_torch(**_fresh(kw))).check()
 
 
 @pytest.mark.build
@@ -313,6 +317,8 @@ def test_kernels_build_for_sm90():
 # ----------------------------------------------------------------------------------------------------
 # GPU tier: the matrix of the issue. Static keys: the launch rule's (mode, H, rows per CTA, config) plus
 # the 16-byte-copy flag; the cases share them (about a dozen kernels).
+
+WGMMA_CFG = C(rows=4, warps=4, keys_per_step=64, stages=4, keys_per_cta=1024, min_ctas=2, wgmma=True)
 
 GPU_PAGED = [
     (P("b64_n1_k65536", 64, 1, 65536), None),
@@ -342,6 +348,11 @@ GPU_RAGGED = [
     (R("prefill_t7_n40000_causal_wide", 7, 40000, dist="wide"), None),
     (R("cfg_rows8", 40, 2000, ranges="ragged", clean=True), C(rows=8, warps=8, keys_per_step=64, stages=4,
                                                               keys_per_cta=512, min_ctas=0)),
+    # the scores on wgmma (IndexLogitsConfig.wgmma), fast and general path, both head counts
+    (R("wgmma_t512_n8192_causal", 512, 8192), WGMMA_CFG),
+    (R("wgmma_t300_n9000_multi_clean_mixed", 300, 9000, ranges="multi", dist="mixed", clean=True), WGMMA_CFG),
+    (R("wgmma_t64_n3000_random_h32_wide", 64, 3000, heads=32, ranges="ragged", dist="wide"), WGMMA_CFG),
+    (R("wgmma_t7_n40000_causal_extreme", 7, 40000, dist="extreme"), WGMMA_CFG),
 ]
 GPU_PATHS = [
     PathCase("decode_b7_n2", False, (300, 9000, 4095, 33, 2, 70000, 1000), 2, k=512),
@@ -406,7 +417,7 @@ def test_gpu_compile_jobs_match_the_launch_plans():
         if case.t * case.num_keys <= 1 << 20:
             planned.add(ragged_plan(**make_ragged_inputs(case), config=cfg, sms=132)[0])
     assert planned and planned <= jobs
-    assert len(jobs) <= 16
+    assert len(jobs) <= 18
 
 
 @requires_cuda

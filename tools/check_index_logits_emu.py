@@ -68,6 +68,16 @@ CASES = [
                                                          keys_per_cta=64)),
     (R("ragged_causal_t16_r8", 16, 100), C(rows=8, warps=8, keys_per_step=64, stages=4,
                                                            keys_per_cta=128, min_ctas=0)),
+    (R("wg_ragged_causal_t9", 9, 120), C(rows=4, warps=4, keys_per_step=64, stages=4, keys_per_cta=4096,
+                                         min_ctas=2, wgmma=True)),
+    (R("wg_ragged_multi_t13_h32", 13, 150, heads=32, ranges="multi", clean=True),
+     C(rows=4, warps=4, keys_per_step=64, stages=4, keys_per_cta=128, min_ctas=2, wgmma=True)),
+    (R("wg_ragged_random_t6_mixed", 6, 90, ranges="ragged", dist="mixed", clean=True),
+     C(rows=2, warps=4, keys_per_step=64, stages=3, keys_per_cta=64, min_ctas=0, wgmma=True)),
+    (R("wg_ragged_causal_t5_wide", 5, 200, dist="wide"), C(rows=4, warps=4, keys_per_step=64, stages=3,
+                                                          keys_per_cta=64, wgmma=True)),
+    (R("wg_ragged_causal_t7_extreme", 7, 130, dist="extreme"), C(rows=4, warps=4, keys_per_step=64,
+                                                                stages=4, keys_per_cta=4096, wgmma=True)),
 ]
 
 

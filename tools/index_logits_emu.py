@@ -3,10 +3,14 @@
 random scheduling at barriers and warp intrinsics, shared memory poisoned, blocks in random order).
 
 The kernels' device helpers (``tilelang_ops.index_logits.ptx.PRELUDE``) are replaced by C++:
-* ``mma.m16n8k32.u8.s8.s32``: the lanes publish their A / B / C fragments, each lane computes its four D
-  elements as exact integer sums (the instruction's arithmetic is integer, so this is the hardware result),
+* ``mma.m16n8k32.{u8,s8}.s8.s32``: the lanes publish their A / B / C fragments, each lane computes its four
+  D elements as exact integer sums (the instruction's arithmetic is integer, so this is the hardware result),
   with the fragment layouts of the PTX ISA (A row g / g + 8, k 4 q .. 4 q + 3 (+16); B k 4 q .. (+16),
   column g; D rows g / g + 8, columns 2 q, 2 q + 1);
+* ``wgmma.m64nNk32.s32.s8.s8`` (A from registers, B through a K-major descriptor without swizzle): the
+  warpgroup (the whole CTA) meets at a block barrier, and each thread computes its D elements from every
+  thread's A fragment and the B bytes the descriptor addresses, complete at issue (fence / commit / wait
+  are no-ops);
 * ``prmt.b32`` byte by byte, including the sign-replicate mode;
 * ``cp.async``: deferred. A copy is recorded when issued and performed only at the ``cp.async.wait_group``
   that covers it, so shared memory read before its wait (and barrier) still holds the poison; a copy never
@@ -52,7 +56,7 @@ inline unsigned il_prmt(unsigned a, unsigned b, unsigned c) {
 }
 struct EmuMmaWarp { unsigned a[32][4]; unsigned b[32][2]; int c[32][4]; };
 static EmuMmaWarp g_emu_mma[64];
-inline void il_mma(int* d, const unsigned* a, const unsigned* b, int c0, int c1, int c2, int c3) {
+template <bool SignedA> inline void emu_mma(int* d, const unsigned* a, const unsigned* b, int c0, int c1, int c2, int c3) {
   int w = g_cur / 32, l = g_cur % 32;
   EmuMmaWarp& M = g_emu_mma[w];
   for (int i = 0; i < 4; ++i) M.a[l][i] = a[i];
@@ -64,7 +68,8 @@ inline void il_mma(int* d, const unsigned* a, const unsigned* b, int c0, int c1,
     int row = g + 8 * (i / 2), col = 2 * q + (i % 2);
     long long acc = M.c[l][i];
     for (int k = 0; k < 32; ++k) {
-      int av = (int)((M.a[4 * (row % 8) + (k % 16) / 4][(row / 8) + 2 * (k / 16)] >> (8 * (k % 4))) & 0xFFu);
+      unsigned ab = (M.a[4 * (row % 8) + (k % 16) / 4][(row / 8) + 2 * (k / 16)] >> (8 * (k % 4))) & 0xFFu;
+      int av = SignedA ? (int)(signed char)ab : (int)ab;
       int bv = (int)(signed char)((M.b[4 * col + (k % 16) / 4][k / 16] >> (8 * (k % 4))) & 0xFFu);
       acc += (long long)av * bv;
     }
@@ -73,6 +78,51 @@ inline void il_mma(int* d, const unsigned* a, const unsigned* b, int c0, int c1,
   emu_syncwarp(__LINE__);
   for (int i = 0; i < 4; ++i) d[i] = res[i];
 }
+inline void il_mma(int* d, const unsigned* a, const unsigned* b, int c0, int c1, int c2, int c3) { emu_mma<false>(d, a, b, c0, c1, c2, c3); }
+inline void il_mma_ss(int* d, const unsigned* a, const unsigned* b, int c0, int c1, int c2, int c3) { emu_mma<true>(d, a, b, c0, c1, c2, c3); }
+// wgmma: the CTA is one warpgroup (128 threads); the threads publish their A fragments, meet at a block
+// barrier, and each computes its own D elements from every A fragment and the B bytes its descriptor
+// addresses (start, lbo: K direction between the two core matrices of a k32 step, sbo: between groups of 8
+// B rows; core matrix = 8 rows x 16 bytes, row r at 16 r). The instruction is complete at its issue.
+static unsigned g_emu_wga[16][128][4];
+inline unsigned long long il_wg_desc(const void* p, unsigned lbo, unsigned sbo) {
+  unsigned s = (unsigned)((const uchar*)p - (const uchar*)buf_dyn_shmem);
+  return (unsigned long long)((s & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32);
+}
+inline void il_wg_fence() {}
+inline void il_wg_commit() {}
+inline void il_wg_wait0() {}
+inline void il_fence_proxy_async() {}
+inline void il_wg_regs_n64(int*) {}
+inline void il_wg_regs_n128(int*) {}
+template <int N> inline void emu_wgmma(int* d, const unsigned* a, unsigned long long desc, int scale_d) {
+  if (g_bt != 128) { fprintf(stderr, "EMU ERROR: wgmma needs a CTA of one warpgroup\n"); exit(3); }
+  int blk = g_cur / g_bt, t = g_cur % g_bt, w = t / 32, l = t % 32, g = l / 4, q = l % 4;
+  for (int i = 0; i < 4; ++i) g_emu_wga[blk][t][i] = a[i];
+  __syncthreads();
+  const uchar* sm = (const uchar*)buf_dyn_shmem;
+  unsigned start = (unsigned)(desc & 0x3FFF) << 4, lbo = (unsigned)((desc >> 16) & 0x3FFF) << 4,
+           sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
+  int res[N / 2];
+  for (int j = 0; j < N / 8; ++j)
+    for (int i = 0; i < 4; ++i) {
+      int row = 16 * w + g + 8 * (i / 2), col = 8 * j + 2 * q + (i % 2);
+      long long acc = scale_d ? d[4 * j + i] : 0;
+      for (int k = 0; k < 32; ++k) {
+        int r = row % 16;
+        unsigned reg = g_emu_wga[blk][32 * w + 4 * (r % 8) + (k % 16) / 4][(r / 8) + 2 * (k / 16)];
+        int av = (int)(signed char)((reg >> (8 * (k % 4))) & 0xFFu);
+        int bv = (int)(signed char)sm[start + (col / 8) * sbo + (k / 16) * lbo + (col % 8) * 16 + k % 16];
+        acc += (long long)av * bv;
+      }
+      res[4 * j + i] = (int)acc;
+    }
+  __syncthreads();
+  for (int i = 0; i < N / 2; ++i) d[i] = res[i];
+}
+inline void il_wgmma_n64(int* d, const unsigned* a, unsigned long long desc, int s) { emu_wgmma<64>(d, a, desc, s); }
+inline void il_wgmma_n128(int* d, const unsigned* a, unsigned long long desc, int s) { emu_wgmma<128>(d, a, desc, s); }
 struct EmuCp { void* dst; const void* src; int n, bytes, group; unsigned bx, by; };
 static std::vector<EmuCp> g_emu_cp[2048];
 static int g_emu_group[2048];

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import re
 import shutil
@@ -55,10 +56,14 @@ def kernel_args(case: str) -> tuple:
     if op == "index_logits":
         import tilelang_ops.index_logits as IL
 
-        mode, _, n = spec.partition(":")  # paged / cand / ragged, query rows per request (paged)
+        mode, _, n = spec.partition(":")  # paged / cand / ragged / ragged_wg, query rows per request (paged)
         n = int(n or 1)
+        wg = mode == "ragged_wg"
+        mode = "ragged" if wg else mode
         rows = 64 if mode == "paged" else 64 * n
         config = IL.launch_config(mode, rows=rows, width=65536, n=n, sms=H200_SMS)
+        if wg:
+            config = dataclasses.replace(config, wgmma=True, min_ctas=2)
         return IL.scores_factory(), IL.kernel_static(mode, 64, config, True)
     raise ValueError(f"unknown case {case!r} (topk:BxN, kv_store:FORMAT[:ROWS] or index_logits:MODE[:N])")
 
@@ -83,12 +88,12 @@ def sass_of(case: str, out: str) -> str:
     with open(stem + ".cu", "w") as f:
         f.write(src)
     tvm_inc = os.path.join(os.path.dirname(tilelang.__file__), "3rdparty", "tvm", "include")
-    cmd = ["nvcc", "-std=c++20", "-w", "-lineinfo", "-cubin", "-gencode", "arch=compute_90a,code=sm_90a",
+    cmd = ["nvcc", "-std=c++20", "-lineinfo", "-cubin", "-gencode", "arch=compute_90a,code=sm_90a",
            "--ptxas-options=--verbose", "-I" + TILELANG_TEMPLATE_PATH, "-I" + CUTLASS_INCLUDE_DIR,
            "-I" + tvm_inc, "-o", stem + ".cubin", stem + ".cu"]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     for line in res.stderr.splitlines():
-        if "registers" in line or "spill" in line:
+        if "registers" in line or "spill" in line or "wgmma" in line.lower():
             print(f"{case}: {line.strip()}")
     sass = subprocess.run([cuobjdump(), "-sass", stem + ".cubin"], capture_output=True, text=True,
                           check=True).stdout

@@ -41,12 +41,14 @@ PASS_CONFIGS = {tilelang.PassConfigKey.TL_DISABLE_SAFE_MEMORY_ACCESS: True,
                 tilelang.PassConfigKey.TL_DISABLE_SHARED_MEMORY_REUSE: True}
 
 
-def smem_words(heads: int, rows: int, kc: int, stages: int) -> dict:
-    """Offsets (in 32-bit words) of the shared-memory regions and the total."""
+def smem_words(heads: int, rows: int, kc: int, stages: int, wg: bool = False) -> dict:
+    """Offsets (in 32-bit words) of the shared-memory regions and the total. ``wg``: the query rows as the
+    wgmma's B operand (bcan, first: 16-byte aligned) instead of staged mma fragments (bstage)."""
     off, size = {}, 0
-    for name, words in (("raw", stages * kc * 16), ("rsc", stages * kc), ("rfl", stages * kc),
+    for name, words in (("bcan", rows * heads * 32 if wg else 0), ("raw", stages * kc * 16),
+                        ("rsc", stages * kc), ("rfl", stages * kc),
                         ("conv", kc * 32), ("meta", kc * 2), ("hmeta", rows * heads * HMETA_WORDS),
-                        ("bstage", rows * heads * 32)):
+                        ("bstage", 0 if wg else rows * heads * 32)):
         off[name] = size
         size += words
     off["total"] = size
@@ -107,6 +109,10 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
     ``rows``: query rows per CTA (paged: n rounded up to 1, 2, 4 or 8); ``kc``: keys per step; ``vec16``:
     16-byte copies of the key rows (else 4-byte: cache blocks of Bc % 4 != 0 rows); ``min_ctas`` > 1 caps
     the registers so that many CTAs fit an SM (``__launch_bounds__``)."""
+    wg = mode == "ragged_wg"  # prefill on wgmma: the CTA one warpgroup, a step one M-tile of 64 keys
+    if wg:
+        mode = "ragged"
+        assert warps == 4 and kc == 64 and rows % 2 == 0, (warps, kc, rows)
     assert mode in ("paged", "cand", "ragged") and heads in (32, 64) and stages >= 2
     threads = 32 * warps
     wpr = warps // rows  # warps per query row
@@ -115,7 +121,9 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
     tpw = tiles // wpr  # tiles per warp per step
     ntiles = heads // 8  # N-tiles of 8 heads
     groups = heads // 32
-    lay = smem_words(heads, rows, kc, stages)
+    lay = smem_words(heads, rows, kc, stages, wg)
+    wgn = 2 * heads  # wgmma N: the heads of two query rows
+    sbo = 1024  # bcan: bytes between groups of 8 B rows (one group's 8 core matrices of 16 x 8 along K)
     kpt = -(-kc // threads)  # keys a thread issues per step
     cjobs = -(-(2 * kc) // threads)  # conversion jobs (key pair, block) per thread per step
     pjobs = -(-(rows * ntiles) // warps)  # prologue jobs (query row, N-tile) per warp
@@ -274,10 +282,16 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                     tot = tot + part
                     if q == 0:
                         sm[hm + kb] = T.reinterpret(part * -128, "uint32")
-                for half in T.unroll(2):
-                    for v in T.vectorized(4):
-                        sm[lay["bstage"] + (((t * ntiles + nt) * 2 + half) * 32 + lane) * 4 + v] = bw[
-                            4 * half + v]
+                if wg:  # B row n = t H + h, k32 step kb: core matrices (n / 8, 2 kb + half), row n % 8
+                    for kb in T.unroll(4):
+                        for half in T.unroll(2):
+                            sm[lay["bcan"] + ((t * heads + h) // 8) * (sbo // 4) + kb * 64 + half * 32
+                               + (h % 8) * 4 + q] = bw[2 * kb + half]
+                else:
+                    for half in T.unroll(2):
+                        for v in T.vectorized(4):
+                            sm[lay["bstage"] + (((t * ntiles + nt) * 2 + half) * 32 + lane) * 4 + v] = bw[
+                                4 * half + v]
                 if q == 0:
                     wq = T.call_extern("float32", "il_pow2_scale", T.Cast("float64", weights[qrow, h]),
                                        big - Q_OFFSET)
@@ -312,6 +326,23 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
         fast[0] = T.call_extern("int32", "il_all", okv)
 
     @T.macro
+    def tile_result(sm, m, p, lane, res):
+        """res[0], res[1] from the lane's partial head sums p: over the quad, times the key's scale, -inf for
+        an unresolvable key."""
+        g = lane // 4
+        s = T.alloc_local([2 * groups], "float32")
+        for i in T.unroll(2 * groups):
+            s[i] = T.ieee_add(p[i], T.shfl_xor(p[i], 1))
+            s[i] = T.ieee_add(s[i], T.shfl_xor(s[i], 2))
+        kv = T.alloc_var("float32")
+        for h in T.unroll(2):
+            ekw = sm[lay["meta"] + 2 * (16 * m + g + 8 * h) + 1]
+            tot = s[h] if groups == 1 else T.ieee_add(s[h], s[2 + h])
+            # scaled unconditionally, then selected: no branch per key
+            kv = T.call_extern("float32", "il_key_scale", tot, T.Cast("int32", ekw & _u32(0xFF)) - K_OFFSET)
+            res[h] = T.if_then_else((ekw >> _u32(8)) != _u32(0), neg_inf, kv)
+
+    @T.macro
     def score_tile(sm, m, trow, bq, cfe, w2e, fast, lane, res):
         """res[0], res[1]: I of keys 16 m + g and 16 m + g + 8 of the step for row trow (every lane of a
         quad holds both)."""
@@ -321,7 +352,6 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
         dd = T.alloc_local([4], "int32")
         db = T.alloc_local([16], "int32")
         p = T.alloc_local([2 * groups], "float32")
-        s = T.alloc_local([2 * groups], "float32")
         y = T.alloc_var("float32")
         for kb in T.unroll(4):
             for v in T.vectorized(4):
@@ -364,16 +394,66 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                     p[(nt // 4) * 2 + e // 2] = T.ieee_fmaf(
                         T.max(y, T.float32(0)), T.reinterpret(sm[hm0 + (e % 2) * HMETA_WORDS + 4], "float32"),
                         p[(nt // 4) * 2 + e // 2])
+        tile_result(sm, m, p, lane, res)
+
+    @T.macro
+    def row_constants_wg(sm, w2a, fasta, lane):
+        """Every row's 2^149 Wq of heads 8 nt + 2 q + c (w2a[t, nt, c]) and fast-path flag (fasta[t])."""
+        q = lane % 4
+        okv = T.alloc_var("int32")
+        for t in T.unroll(rows):
+            okv = 1
+            for nt in T.unroll(ntiles):
+                for c in T.unroll(2):
+                    hm = lay["hmeta"] + (t * heads + 8 * nt + 2 * q + c) * HMETA_WORDS
+                    w2a[(t * ntiles + nt) * 2 + c] = T.reinterpret(sm[hm + 7], "float32")
+                    if sm[hm + 8] == _u32(0):
+                        okv = 0
+            fasta[t] = T.call_extern("int32", "il_all", okv)
+
+    @T.macro
+    def score_tile_wg(sm, m, t, tt, af, dw, w2a, fasta, wide, lane, res):
+        """res as score_tile's, for row t from the wgmma accumulator dw (its N-tiles tt ntiles ..) or, for a
+        wide tile or row, the general path on the s8 A fragments af with B words from bcan."""
+        g = lane // 4
+        q = lane % 4
+        db = T.alloc_local([16], "int32")
+        bfr = T.alloc_local([2], "uint32")
+        p = T.alloc_local([2 * groups], "float32")
+        y = T.alloc_var("float32")
         for i in T.unroll(2 * groups):
-            s[i] = T.ieee_add(p[i], T.shfl_xor(p[i], 1))
-            s[i] = T.ieee_add(s[i], T.shfl_xor(s[i], 2))
-        kv = T.alloc_var("float32")
-        for h in T.unroll(2):
-            ekw = sm[lay["meta"] + 2 * (16 * m + g + 8 * h) + 1]
-            tot = s[h] if groups == 1 else T.ieee_add(s[h], s[2 + h])
-            # scaled unconditionally, then selected: no branch per key
-            kv = T.call_extern("float32", "il_key_scale", tot, T.Cast("int32", ekw & _u32(0xFF)) - K_OFFSET)
-            res[h] = T.if_then_else((ekw >> _u32(8)) != _u32(0), neg_inf, kv)
+            p[i] = T.float32(0)
+        if wide == 0 and fasta[t] != 0:
+            for nt in T.unroll(ntiles):
+                for e in T.unroll(4):
+                    p[(nt // 4) * 2 + e // 2] = T.ieee_fmaf(
+                        T.reinterpret(T.max(dw[(tt * ntiles + nt) * 4 + e], 0), "float32"),
+                        w2a[(t * ntiles + nt) * 2 + e % 2], p[(nt // 4) * 2 + e // 2])
+        else:
+            ck = T.alloc_local([2], "uint32")
+            for h in T.unroll(2):
+                ck[h] = sm[lay["meta"] + 2 * (16 * m + g + 8 * h)]
+            for nt in T.unroll(ntiles):
+                hm0 = lay["hmeta"] + (t * heads + 8 * nt + 2 * q) * HMETA_WORDS
+                for kb in T.unroll(4):
+                    for half in T.unroll(2):
+                        bfr[half] = sm[lay["bcan"] + (t * ntiles + nt) * (sbo // 4) + kb * 64 + half * 32
+                                       + g * 4 + q]
+                    T.call_extern("handle", "il_mma_ss", T.address_of(db[kb * 4]), T.address_of(af[kb * 4]),
+                                  T.address_of(bfr[0]), 0, 0, 0, 0)
+                for e in T.unroll(4):
+                    cq = sm[hm0 + (e % 2) * HMETA_WORDS + 5]
+                    for kb in T.unroll(4):
+                        tb = T.call_extern("float32", "il_pow2_scale", T.Cast("float64", db[kb * 4 + e]),
+                                           _byte(ck[e // 2], kb) + _byte(cq, kb) - 2 * RES_BIAS)
+                        if kb == 0:
+                            y = tb
+                        else:
+                            y = T.ieee_add(y, tb)
+                    p[(nt // 4) * 2 + e // 2] = T.ieee_fmaf(
+                        T.max(y, T.float32(0)), T.reinterpret(sm[hm0 + (e % 2) * HMETA_WORDS + 4], "float32"),
+                        p[(nt // 4) * 2 + e // 2])
+        tile_result(sm, m, p, lane, res)
 
     def steps(lo, hi):
         return T.if_then_else(hi > lo, (hi - lo + kc - 1) // kc, 0)
@@ -422,10 +502,19 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                           num_blocks, max_blocks, cbs, nkey_total, tx, kq, kr, kstep)
             else:
                 T.call_extern("handle", "il_cp_commit")
+        if wg:
+            w2a = T.alloc_local([rows * ntiles * 2], "float32")
+            fasta = T.alloc_local([rows], "int32")
+            dw = T.alloc_local([wgn // 2], "int32")
+            af = T.alloc_local([16], "uint32")
         if nsteps > 0:
             query_prologue(sm, q_codes, q_scales, weights, row0, nrows, tx)
+            if wg:
+                T.call_extern("handle", "il_fence_proxy_async")
             T.sync_threads()
-            if trow < nrows:
+            if wg:
+                row_constants_wg(sm, w2a, fasta, lane)
+            elif trow < nrows:
                 row_constants(sm, trow, bq, cfe, w2e, fast, lane)
         for s in T.serial(nsteps):
             T.call_extern("handle", f"il_cp_wait<{stages - 2}>")
@@ -438,7 +527,41 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                 T.call_extern("handle", "il_cp_commit")
             convert_step(sm, s % stages, tx)
             T.sync_threads()
-            if trow < nrows:
+            if wg:
+                # warp w scores keys 16 w .. 16 w + 15 of the step for every row: the A fragments once (s8:
+                # the stored 128 + x with its top bit flipped), then per pair of rows one chain of 4 wgmma
+                m = warp
+                j = j_lo + s * kc + 16 * m
+                for kb in T.unroll(4):
+                    for v in T.vectorized(4):
+                        af[kb * 4 + v] = sm[lay["conv"] + ((m * 4 + kb) * 32 + (lane ^ kb)) * 4 + v]
+                for i in T.unroll(16):
+                    af[i] = af[i] ^ _u32(0x80808080)
+                ck_lane = sm[lay["meta"] + 2 * (16 * m + lane % 16)]
+                wide = T.call_extern("int32", "il_any",
+                                     T.if_then_else(lane < 16 and ck_lane != _u32(NOSHIFT), 1, 0))
+                for pr in T.unroll(rows // 2):
+                    if 2 * pr < nrows:  # uniform over the CTA: the warpgroup issues together
+                        T.call_extern("handle", "il_wg_fence")
+                        for kb in T.unroll(4):
+                            T.call_extern("handle", f"il_wgmma_n{wgn}", T.address_of(dw[0]),
+                                          T.address_of(af[kb * 4]),
+                                          T.call_extern("uint64", "il_wg_desc", T.address_of(
+                                              sm[lay["bcan"] + pr * (wgn // 8) * (sbo // 4) + kb * 64]),
+                                              128, sbo), kb)
+                        T.call_extern("handle", "il_wg_commit")
+                        T.call_extern("handle", "il_wg_wait0")
+                        T.call_extern("handle", f"il_wg_regs_n{wgn}", T.address_of(dw[0]))
+                        for tt in T.unroll(2):
+                            t = 2 * pr + tt
+                            if t < nrows and j < rhi[t] and j + 16 > rlo[t]:
+                                score_tile_wg(sm, m, t, tt, af, dw, w2a, fasta, wide, lane, res)
+                                if lane % 4 < 2:
+                                    key = j + lane // 4 + 8 * (lane % 4)
+                                    if key >= rlo[t] and key < rhi[t]:
+                                        out[out_row0 + t, key - col_shift[t]] = T.if_then_else(
+                                            lane % 4 == 0, res[0], res[1])
+            elif trow < nrows:
                 for u in T.serial(tpw):
                     m = tsel + u * wpr
                     j = j_lo + s * kc + 16 * m
