@@ -540,27 +540,28 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                 ck_lane = sm[lay["meta"] + 2 * (16 * m + lane % 16)]
                 wide = T.call_extern("int32", "il_any",
                                      T.if_then_else(lane < 16 and ck_lane != _u32(NOSHIFT), 1, 0))
+                # every pair, also beyond the CTA's rows (their results unused): a wgmma under a condition
+                # ptxas cannot prove uniform is serialized (C7520)
                 for pr in T.unroll(rows // 2):
-                    if 2 * pr < nrows:  # uniform over the CTA: the warpgroup issues together
-                        T.call_extern("handle", "il_wg_fence")
-                        for kb in T.unroll(4):
-                            T.call_extern("handle", f"il_wgmma_n{wgn}", T.address_of(dw[0]),
-                                          T.address_of(af[kb * 4]),
-                                          T.call_extern("uint64", "il_wg_desc", T.address_of(
-                                              sm[lay["bcan"] + pr * (wgn // 8) * (sbo // 4) + kb * 64]),
-                                              128, sbo), kb)
-                        T.call_extern("handle", "il_wg_commit")
-                        T.call_extern("handle", "il_wg_wait0")
-                        T.call_extern("handle", f"il_wg_regs_n{wgn}", T.address_of(dw[0]))
-                        for tt in T.unroll(2):
-                            t = 2 * pr + tt
-                            if t < nrows and j < rhi[t] and j + 16 > rlo[t]:
-                                score_tile_wg(sm, m, t, tt, af, dw, w2a, fasta, wide, lane, res)
-                                if lane % 4 < 2:
-                                    key = j + lane // 4 + 8 * (lane % 4)
-                                    if key >= rlo[t] and key < rhi[t]:
-                                        out[out_row0 + t, key - col_shift[t]] = T.if_then_else(
-                                            lane % 4 == 0, res[0], res[1])
+                    T.call_extern("handle", "il_wg_fence")
+                    for kb in T.unroll(4):
+                        T.call_extern("handle", f"il_wgmma_n{wgn}", T.address_of(dw[0]),
+                                      T.address_of(af[kb * 4]),
+                                      T.call_extern("uint64", "il_wg_desc", T.address_of(
+                                          sm[lay["bcan"] + pr * (wgn // 8) * (sbo // 4) + kb * 64]),
+                                          128, sbo), kb)
+                    T.call_extern("handle", "il_wg_commit")
+                    T.call_extern("handle", "il_wg_wait0")
+                    T.call_extern("handle", f"il_wg_regs_n{wgn}", T.address_of(dw[0]))
+                    for tt in T.unroll(2):
+                        t = 2 * pr + tt
+                        if t < nrows and j < rhi[t] and j + 16 > rlo[t]:
+                            score_tile_wg(sm, m, t, tt, af, dw, w2a, fasta, wide, lane, res)
+                            if lane % 4 < 2:
+                                key = j + lane // 4 + 8 * (lane % 4)
+                                if key >= rlo[t] and key < rhi[t]:
+                                    out[out_row0 + t, key - col_shift[t]] = T.if_then_else(
+                                        lane % 4 == 0, res[0], res[1])
             elif trow < nrows:
                 for u in T.serial(tpw):
                     m = tsel + u * wpr
