@@ -111,6 +111,21 @@ def _config_peers(fn, base, flush):
     return out
 
 
+def _wgmma_peers(fn, base, flush, rep):
+    """The same launch with the scores on wgmma (IndexLogitsConfig.wgmma) at 2-4 CTAs per SM (one query
+    row per CTA: no B fragments in registers, so 4 fit)."""
+    out = {}
+    if base.warps != 4 or base.keys_per_step != 64 or base.rows > 4:
+        return out
+    for ctas in ((3, 4) if base.rows == 1 else (2, 3)):
+        cfg = replace(base, wgmma=True, min_ctas=ctas)
+        us = time_peer(f"wgmma_ctas{ctas}", lambda cfg=cfg: fn(cfg),
+                       lambda f: time_us(f, flush_bytes=flush, rep=rep))
+        if us:
+            out[f"wgmma_ctas{ctas}"] = us
+    return out
+
+
 def run(h, sweep: bool = False, no_torch_peers: bool = False) -> None:
     torch_peers = not no_torch_peers
     peer = _load_peer()
@@ -125,6 +140,7 @@ def run(h, sweep: bool = False, no_torch_peers: bool = False) -> None:
         us = time_us(fn, flush_bytes=FLUSH)
         nbytes = b * klen * ROW + b * n * HEADS * ROW + b * n * klen * 4
         peers = _config_peers(fn, base, FLUSH) if sweep else {}
+        peers.update(_wgmma_peers(fn, base, FLUSH, rep=10))
         if peer is not None:
             ks = (torch.arange(b * n, device="cuda", dtype=torch.int32) // n) * klen
             ex = _example_fn(peer, b * n, b * klen, ks, ks + klen, g)
@@ -150,10 +166,7 @@ def run(h, sweep: bool = False, no_torch_peers: bool = False) -> None:
         widths = int((kw["ke"] - kw["ks"]).sum())
         nbytes = nkeys * ROW + t * HEADS * ROW + widths * 4
         peers = {}
-        # the scores on wgmma (IndexLogitsConfig.wgmma): two or one CTAs per SM
-        for name, ctas in (("wgmma", 2), ("wgmma_min_ctas0", 0)):
-            cfg = replace(base, wgmma=True, min_ctas=ctas)
-            peers[name] = time_peer(name, lambda cfg=cfg, fn=fn: fn(cfg), lambda f: time_us(f, rep=5))
+        peers.update(_wgmma_peers(fn, base, 0, rep=5))
         if sweep:
             peers.update(_config_peers(fn, base, 0))
             for rows, warps in ((8, 8), (2, 4), (1, 4)):

@@ -94,6 +94,7 @@ inline void il_wg_fence() {}
 inline void il_wg_commit() {}
 inline void il_wg_wait0() {}
 inline void il_fence_proxy_async() {}
+inline void il_wg_regs_n32(int*) {}
 inline void il_wg_regs_n64(int*) {}
 inline void il_wg_regs_n128(int*) {}
 template <int N> inline void emu_wgmma(int* d, const unsigned* a, unsigned long long desc, int scale_d) {
@@ -121,6 +122,7 @@ template <int N> inline void emu_wgmma(int* d, const unsigned* a, unsigned long 
   __syncthreads();
   for (int i = 0; i < N / 2; ++i) d[i] = res[i];
 }
+inline void il_wgmma_n32(int* d, const unsigned* a, unsigned long long desc, int s) { emu_wgmma<32>(d, a, desc, s); }
 inline void il_wgmma_n64(int* d, const unsigned* a, unsigned long long desc, int s) { emu_wgmma<64>(d, a, desc, s); }
 inline void il_wgmma_n128(int* d, const unsigned* a, unsigned long long desc, int s) { emu_wgmma<128>(d, a, desc, s); }
 struct EmuCp { void* dst; const void* src; int n, bytes, group; unsigned bx, by; };

@@ -4,7 +4,7 @@
 math, the cp.async copies deferred to their wait) to run the generated kernels on the CPU.
 """
 
-WGMMA_N = (64, 128)  # the wgmma widths the kernels use: the heads of two query rows (H 32 / 64)
+WGMMA_N = (32, 64, 128)  # the wgmma widths the kernels use: the heads of one or two query rows (H 32 / 64)
 
 
 def _mma(name: str, atype: str) -> str:

@@ -109,10 +109,10 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
     ``rows``: query rows per CTA (paged: n rounded up to 1, 2, 4 or 8); ``kc``: keys per step; ``vec16``:
     16-byte copies of the key rows (else 4-byte: cache blocks of Bc % 4 != 0 rows); ``min_ctas`` > 1 caps
     the registers so that many CTAs fit an SM (``__launch_bounds__``)."""
-    wg = mode == "ragged_wg"  # prefill on wgmma: the CTA one warpgroup, a step one M-tile of 64 keys
+    wg = mode.endswith("_wg")  # the scores on wgmma: the CTA one warpgroup, a step one M-tile of 64 keys
     if wg:
-        mode = "ragged"
-        assert warps == 4 and kc == 64 and rows % 2 == 0, (warps, kc, rows)
+        mode = mode[:-3]
+        assert mode in ("paged", "ragged") and warps == 4 and kc == 64 and rows <= 4, (mode, warps, kc, rows)
     assert mode in ("paged", "cand", "ragged") and heads in (32, 64) and stages >= 2
     threads = 32 * warps
     wpr = warps // rows  # warps per query row
@@ -122,7 +122,8 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
     ntiles = heads // 8  # N-tiles of 8 heads
     groups = heads // 32
     lay = smem_words(heads, rows, kc, stages, wg)
-    wgn = 2 * heads  # wgmma N: the heads of two query rows
+    rpw = min(rows, 2)  # query rows per wgmma
+    wgn = rpw * heads  # wgmma N: their heads
     sbo = 1024  # bcan: bytes between groups of 8 B rows (one group's 8 core matrices of 16 x 8 along K)
     kpt = -(-kc // threads)  # keys a thread issues per step
     cjobs = -(-(2 * kc) // threads)  # conversion jobs (key pair, block) per thread per step
@@ -542,7 +543,7 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                                      T.if_then_else(lane < 16 and ck_lane != _u32(NOSHIFT), 1, 0))
                 # every pair, also beyond the CTA's rows (their results unused): a wgmma under a condition
                 # ptxas cannot prove uniform is serialized (C7520)
-                for pr in T.unroll(rows // 2):
+                for pr in T.unroll(rows // rpw):
                     T.call_extern("handle", "il_wg_fence")
                     for kb in T.unroll(4):
                         T.call_extern("handle", f"il_wgmma_n{wgn}", T.address_of(dw[0]),
@@ -553,8 +554,8 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                     T.call_extern("handle", "il_wg_commit")
                     T.call_extern("handle", "il_wg_wait0")
                     T.call_extern("handle", f"il_wg_regs_n{wgn}", T.address_of(dw[0]))
-                    for tt in T.unroll(2):
-                        t = 2 * pr + tt
+                    for tt in T.unroll(rpw):
+                        t = rpw * pr + tt
                         if t < nrows and j < rhi[t] and j + 16 > rlo[t]:
                             score_tile_wg(sm, m, t, tt, af, dw, w2a, fasta, wide, lane, res)
                             if lane % 4 < 2:
