@@ -9,8 +9,8 @@ The kernels' device helpers (``tilelang_ops.index_logits.ptx.PRELUDE``) are repl
   column g; D rows g / g + 8, columns 2 q, 2 q + 1);
 * ``wgmma.m64nNk32.s32.s8.s8`` (A from registers, B through a K-major descriptor without swizzle): the
   warpgroup (the whole CTA) meets at a block barrier, and each thread computes its D elements from every
-  thread's A fragment and the B bytes the descriptor addresses, complete at issue (fence / commit / wait
-  are no-ops);
+  thread's A fragment and the B bytes the descriptor addresses; they reach the registers at the
+  ``wgmma.wait_group`` that covers their commit group (poison before it);
 * ``prmt.b32`` byte by byte, including the sign-replicate mode;
 * ``cp.async``: deferred. A copy is recorded when issued and performed only at the ``cp.async.wait_group``
   that covers it, so shared memory read before its wait (and barrier) still holds the poison; a copy never
@@ -80,36 +80,61 @@ template <bool SignedA> inline void emu_mma(int* d, const unsigned* a, const uns
 }
 inline void il_mma(int* d, const unsigned* a, const unsigned* b, int c0, int c1, int c2, int c3) { emu_mma<false>(d, a, b, c0, c1, c2, c3); }
 inline void il_mma_ss(int* d, const unsigned* a, const unsigned* b, int c0, int c1, int c2, int c3) { emu_mma<true>(d, a, b, c0, c1, c2, c3); }
-// wgmma: the CTA is one warpgroup (128 threads); the threads publish their A fragments, meet at a block
-// barrier, and each computes its own D elements from every A fragment and the B bytes its descriptor
-// addresses (start, lbo: K direction between the two core matrices of a k32 step, sbo: between groups of 8
-// B rows; core matrix = 8 rows x 16 bytes, row r at 16 r). The instruction is complete at its issue.
+// wgmma: the CTA is one warpgroup (128 threads); at issue the threads publish their A fragments, meet at
+// a block barrier, and each computes its own D elements from every A fragment and the B bytes its
+// descriptor addresses (start, lbo: K direction between the two core matrices of a k32 step, sbo: between
+// groups of 8 B rows; core matrix = 8 rows x 16 bytes, row r at 16 r). The result reaches the registers only
+// at the wait_group that covers its commit group; until then they hold poison, so a read before the wait
+// gives wrong results (a chained wgmma accumulates onto the pending result, as the hardware does).
 static unsigned g_emu_wga[16][128][4];
+struct EmuWgPending { int* d; int group; std::vector<int> v; };
+static std::vector<EmuWgPending> g_emu_wgp[2048];
+static int g_emu_wg_group[2048];
+static unsigned g_emu_wg_bx[2048], g_emu_wg_by[2048];
+static void emu_wg_owner() {
+  int t = g_cur;
+  if (g_emu_wg_bx[t] != blockIdx.x || g_emu_wg_by[t] != (unsigned)blockIdx.y) {
+    if (!g_emu_wgp[t].empty()) { fprintf(stderr, "EMU ERROR: wgmma never waited for (thread %d)\n", t); exit(3); }
+    g_emu_wg_bx[t] = blockIdx.x; g_emu_wg_by[t] = blockIdx.y; g_emu_wg_group[t] = 0;
+  }
+}
 inline unsigned long long il_wg_desc(const void* p, unsigned lbo, unsigned sbo) {
   unsigned s = (unsigned)((const uchar*)p - (const uchar*)buf_dyn_shmem);
   return (unsigned long long)((s & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
          ((unsigned long long)((sbo & 0x3FFFF) >> 4) << 32);
 }
 inline void il_wg_fence() {}
-inline void il_wg_commit() {}
-inline void il_wg_wait0() {}
+inline void il_wg_commit() { emu_wg_owner(); g_emu_wg_group[g_cur]++; }
+inline void il_wg_wait0() {
+  emu_wg_owner();
+  std::vector<EmuWgPending>& v = g_emu_wgp[g_cur];
+  for (auto& p : v) {
+    if (p.group >= g_emu_wg_group[g_cur]) { fprintf(stderr, "EMU ERROR: wgmma waited for before its commit\n"); exit(3); }
+    for (size_t i = 0; i < p.v.size(); ++i) p.d[i] = p.v[i];
+  }
+  v.clear();
+}
 inline void il_fence_proxy_async() {}
 inline void il_wg_regs_n32(int*) {}
 inline void il_wg_regs_n64(int*) {}
 inline void il_wg_regs_n128(int*) {}
 template <int N> inline void emu_wgmma(int* d, const unsigned* a, unsigned long long desc, int scale_d) {
   if (g_bt != 128) { fprintf(stderr, "EMU ERROR: wgmma needs a CTA of one warpgroup\n"); exit(3); }
+  emu_wg_owner();
   int blk = g_cur / g_bt, t = g_cur % g_bt, w = t / 32, l = t % 32, g = l / 4, q = l % 4;
   for (int i = 0; i < 4; ++i) g_emu_wga[blk][t][i] = a[i];
   __syncthreads();
   const uchar* sm = (const uchar*)buf_dyn_shmem;
   unsigned start = (unsigned)(desc & 0x3FFF) << 4, lbo = (unsigned)((desc >> 16) & 0x3FFF) << 4,
            sbo = (unsigned)((desc >> 32) & 0x3FFF) << 4;
-  int res[N / 2];
+  const int* base = d;  // the accumulator: the newest pending result into d, else the registers
+  std::vector<EmuWgPending>& pend = g_emu_wgp[g_cur];
+  for (auto& p : pend) if (p.d == d) base = p.v.data();
+  std::vector<int> res(N / 2);
   for (int j = 0; j < N / 8; ++j)
     for (int i = 0; i < 4; ++i) {
       int row = 16 * w + g + 8 * (i / 2), col = 8 * j + 2 * q + (i % 2);
-      long long acc = scale_d ? d[4 * j + i] : 0;
+      long long acc = scale_d ? base[4 * j + i] : 0;
       for (int k = 0; k < 32; ++k) {
         int r = row % 16;
         unsigned reg = g_emu_wga[blk][32 * w + 4 * (r % 8) + (k % 16) / 4][(r / 8) + 2 * (k / 16)];
@@ -120,7 +145,8 @@ template <int N> inline void emu_wgmma(int* d, const unsigned* a, unsigned long 
       res[4 * j + i] = (int)acc;
     }
   __syncthreads();
-  for (int i = 0; i < N / 2; ++i) d[i] = res[i];
+  pend.push_back({d, g_emu_wg_group[g_cur], res});
+  for (int i = 0; i < N / 2; ++i) d[i] = (int)0x7FC00000 + i;  // poison until the wait
 }
 inline void il_wgmma_n32(int* d, const unsigned* a, unsigned long long desc, int s) { emu_wgmma<32>(d, a, desc, s); }
 inline void il_wgmma_n64(int* d, const unsigned* a, unsigned long long desc, int s) { emu_wgmma<64>(d, a, desc, s); }
