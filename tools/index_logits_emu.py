@@ -91,13 +91,15 @@ struct EmuWgPending { int* d; int group; std::vector<int> v; };
 static std::vector<EmuWgPending> g_emu_wgp[2048];
 static int g_emu_wg_group[2048];
 static unsigned g_emu_wg_bx[2048], g_emu_wg_by[2048];
-static void emu_wg_owner() {
+// a thread's asynchronous operations belong to its block: at the first one of a new block, none may be left
+template <class P> static void emu_owner(std::vector<P>* pend, int* group, unsigned* bx, unsigned* by, const char* what) {
   int t = g_cur;
-  if (g_emu_wg_bx[t] != blockIdx.x || g_emu_wg_by[t] != (unsigned)blockIdx.y) {
-    if (!g_emu_wgp[t].empty()) { fprintf(stderr, "EMU ERROR: wgmma never waited for (thread %d)\n", t); exit(3); }
-    g_emu_wg_bx[t] = blockIdx.x; g_emu_wg_by[t] = blockIdx.y; g_emu_wg_group[t] = 0;
+  if (bx[t] != blockIdx.x || by[t] != (unsigned)blockIdx.y) {
+    if (!pend[t].empty()) { fprintf(stderr, "EMU ERROR: %s never waited for (thread %d)\n", what, t); exit(3); }
+    bx[t] = blockIdx.x; by[t] = blockIdx.y; group[t] = 0;
   }
 }
+static void emu_wg_owner() { emu_owner(g_emu_wgp, g_emu_wg_group, g_emu_wg_bx, g_emu_wg_by, "wgmma"); }
 inline unsigned long long il_wg_desc(const void* p, unsigned lbo, unsigned sbo) {
   unsigned s = (unsigned)((const uchar*)p - (const uchar*)buf_dyn_shmem);
   return (unsigned long long)((s & 0x3FFFF) >> 4) | ((unsigned long long)((lbo & 0x3FFFF) >> 4) << 16) |
@@ -155,13 +157,7 @@ struct EmuCp { void* dst; const void* src; int n, bytes, group; unsigned bx, by;
 static std::vector<EmuCp> g_emu_cp[2048];
 static int g_emu_group[2048];
 static unsigned g_emu_bx[2048], g_emu_by[2048];
-static void emu_cp_owner() {
-  int t = g_cur;
-  if (g_emu_bx[t] != blockIdx.x || g_emu_by[t] != (unsigned)blockIdx.y) {
-    if (!g_emu_cp[t].empty()) { fprintf(stderr, "EMU ERROR: cp.async never waited for (thread %d)\n", t); exit(3); }
-    g_emu_bx[t] = blockIdx.x; g_emu_by[t] = blockIdx.y; g_emu_group[t] = 0;
-  }
-}
+static void emu_cp_owner() { emu_owner(g_emu_cp, g_emu_group, g_emu_bx, g_emu_by, "cp.async"); }
 inline void il_cp16(void* s, const void* g, int bytes) { emu_cp_owner(); g_emu_cp[g_cur].push_back({s, g, 16, bytes, g_emu_group[g_cur], 0, 0}); }
 inline void il_cp4(void* s, const void* g, int bytes) { emu_cp_owner(); g_emu_cp[g_cur].push_back({s, g, 4, bytes, g_emu_group[g_cur], 0, 0}); }
 inline void il_cp_commit() { emu_cp_owner(); g_emu_group[g_cur]++; }

@@ -352,16 +352,53 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
             res[h] = T.if_then_else((ekw >> _u32(8)) != _u32(0), neg_inf, kv)
 
     @T.macro
+    def general_path(sm, m, trow, af, bq, p, lane):
+        """p of row trow for a tile with a wide key or a row with a wide head: one MMA per block (exact D_b),
+        t_b = fp32(D_b 2^c) in double (c: the exponent the shifts left over), the reference's FP32 sums,
+        p += relu(y) Wq. B: the row's fragments bq (u8 keys; the accumulator starts at -128 sum(b)) or, on
+        wgmma (bq None), words of bcan (s8 keys; the accumulator starts at zero)."""
+        g = lane // 4
+        q = lane % 4
+        db = T.alloc_local([16], "int32")
+        y = T.alloc_var("float32")
+        ck = T.alloc_local([2], "uint32")
+        for h in T.unroll(2):
+            ck[h] = sm[lay["meta"] + 2 * (16 * m + g + 8 * h)]
+        for nt in T.unroll(ntiles):
+            hm0 = lay["hmeta"] + (trow * heads + 8 * nt + 2 * q) * HMETA_WORDS
+            for kb in T.unroll(4):
+                if bq is None:
+                    bfr = T.alloc_local([2], "uint32")
+                    for half in T.unroll(2):
+                        bfr[half] = sm[lay["bcan"] + (trow * ntiles + nt) * (sbo // 4) + kb * 64 + half * 32
+                                       + g * 4 + q]
+                    T.call_extern("handle", "il_mma_ss", T.address_of(db[kb * 4]), T.address_of(af[kb * 4]),
+                                  T.address_of(bfr[0]), 0, 0, 0, 0)
+                else:
+                    c0 = T.reinterpret(sm[hm0 + kb], "int32")
+                    c1 = T.reinterpret(sm[hm0 + HMETA_WORDS + kb], "int32")
+                    T.call_extern("handle", "il_mma", T.address_of(db[kb * 4]), T.address_of(af[kb * 4]),
+                                  T.address_of(bq[nt * 8 + kb * 2]), c0, c1, c0, c1)
+            for e in T.unroll(4):
+                cq = sm[hm0 + (e % 2) * HMETA_WORDS + 5]
+                for kb in T.unroll(4):
+                    tb = T.call_extern("float32", "il_pow2_scale", T.Cast("float64", db[kb * 4 + e]),
+                                       _byte(ck[e // 2], kb) + _byte(cq, kb) - 2 * RES_BIAS)
+                    if kb == 0:
+                        y = tb
+                    else:
+                        y = T.ieee_add(y, tb)
+                p[(nt // 4) * 2 + e // 2] = T.ieee_fmaf(
+                    T.max(y, T.float32(0)), T.reinterpret(sm[hm0 + (e % 2) * HMETA_WORDS + 4], "float32"),
+                    p[(nt // 4) * 2 + e // 2])
+
+    @T.macro
     def score_tile(sm, m, trow, bq, cfe, w2e, fast, lane, res):
         """res[0], res[1]: I of keys 16 m + g and 16 m + g + 8 of the step for row trow (every lane of a
         quad holds both)."""
-        g = lane // 4
-        q = lane % 4
         af = T.alloc_local([16], "uint32")
         dd = T.alloc_local([4], "int32")
-        db = T.alloc_local([16], "int32")
         p = T.alloc_local([2 * groups], "float32")
-        y = T.alloc_var("float32")
         for kb in T.unroll(4):
             for v in T.vectorized(4):
                 af[kb * 4 + v] = sm[lay["conv"] + ((m * 4 + kb) * 32 + (lane ^ kb)) * 4 + v]
@@ -381,28 +418,7 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                     p[(nt // 4) * 2 + e // 2] = T.ieee_fmaf(T.reinterpret(T.max(dd[e], 0), "float32"),
                                                            w2e[nt * 2 + e % 2], p[(nt // 4) * 2 + e // 2])
         else:
-            ck = T.alloc_local([2], "uint32")
-            for h in T.unroll(2):
-                ck[h] = sm[lay["meta"] + 2 * (16 * m + g + 8 * h)]
-            for nt in T.unroll(ntiles):
-                hm0 = lay["hmeta"] + (trow * heads + 8 * nt + 2 * q) * HMETA_WORDS
-                for kb in T.unroll(4):
-                    c0 = T.reinterpret(sm[hm0 + kb], "int32")
-                    c1 = T.reinterpret(sm[hm0 + HMETA_WORDS + kb], "int32")
-                    T.call_extern("handle", "il_mma", T.address_of(db[kb * 4]), T.address_of(af[kb * 4]),
-                                  T.address_of(bq[nt * 8 + kb * 2]), c0, c1, c0, c1)
-                for e in T.unroll(4):
-                    cq = sm[hm0 + (e % 2) * HMETA_WORDS + 5]
-                    for kb in T.unroll(4):
-                        tb = T.call_extern("float32", "il_pow2_scale", T.Cast("float64", db[kb * 4 + e]),
-                                           _byte(ck[e // 2], kb) + _byte(cq, kb) - 2 * RES_BIAS)
-                        if kb == 0:
-                            y = tb
-                        else:
-                            y = T.ieee_add(y, tb)
-                    p[(nt // 4) * 2 + e // 2] = T.ieee_fmaf(
-                        T.max(y, T.float32(0)), T.reinterpret(sm[hm0 + (e % 2) * HMETA_WORDS + 4], "float32"),
-                        p[(nt // 4) * 2 + e // 2])
+            general_path(sm, m, trow, af, bq, p, lane)
         tile_result(sm, m, p, lane, res)
 
     @T.macro
@@ -424,12 +440,7 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
     def score_tile_wg(sm, m, t, tt, af, dw, w2a, fasta, wide, lane, res):
         """res as score_tile's, for row t from the wgmma accumulator dw (its N-tiles tt ntiles ..) or, for a
         wide tile or row, the general path on the s8 A fragments af with B words from bcan."""
-        g = lane // 4
-        q = lane % 4
-        db = T.alloc_local([16], "int32")
-        bfr = T.alloc_local([2], "uint32")
         p = T.alloc_local([2 * groups], "float32")
-        y = T.alloc_var("float32")
         for i in T.unroll(2 * groups):
             p[i] = T.float32(0)
         if wide == 0 and fasta[t] != 0:
@@ -439,29 +450,7 @@ def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages:
                         T.reinterpret(T.max(dw[(tt * ntiles + nt) * 4 + e], 0), "float32"),
                         w2a[(t * ntiles + nt) * 2 + e % 2], p[(nt // 4) * 2 + e // 2])
         else:
-            ck = T.alloc_local([2], "uint32")
-            for h in T.unroll(2):
-                ck[h] = sm[lay["meta"] + 2 * (16 * m + g + 8 * h)]
-            for nt in T.unroll(ntiles):
-                hm0 = lay["hmeta"] + (t * heads + 8 * nt + 2 * q) * HMETA_WORDS
-                for kb in T.unroll(4):
-                    for half in T.unroll(2):
-                        bfr[half] = sm[lay["bcan"] + (t * ntiles + nt) * (sbo // 4) + kb * 64 + half * 32
-                                       + g * 4 + q]
-                    T.call_extern("handle", "il_mma_ss", T.address_of(db[kb * 4]), T.address_of(af[kb * 4]),
-                                  T.address_of(bfr[0]), 0, 0, 0, 0)
-                for e in T.unroll(4):
-                    cq = sm[hm0 + (e % 2) * HMETA_WORDS + 5]
-                    for kb in T.unroll(4):
-                        tb = T.call_extern("float32", "il_pow2_scale", T.Cast("float64", db[kb * 4 + e]),
-                                           _byte(ck[e // 2], kb) + _byte(cq, kb) - 2 * RES_BIAS)
-                        if kb == 0:
-                            y = tb
-                        else:
-                            y = T.ieee_add(y, tb)
-                    p[(nt // 4) * 2 + e // 2] = T.ieee_fmaf(
-                        T.max(y, T.float32(0)), T.reinterpret(sm[hm0 + (e % 2) * HMETA_WORDS + 4], "float32"),
-                        p[(nt // 4) * 2 + e // 2])
+            general_path(sm, m, t, af, None, p, lane)
         tile_result(sm, m, p, lane, res)
 
     def steps(lo, hi):
