@@ -40,7 +40,7 @@ class IndexLogitsConfig:
     ``keys_per_step / 16`` a multiple of ``warps / rows``); ``stages``: cp.async ring depth; ``keys_per_cta``:
     columns one CTA scores (a multiple of ``keys_per_step``; the grid's second dimension splits the width
     by it); ``min_ctas``: CTAs per SM the registers are capped for (0: no cap; ``__launch_bounds__``);
-    ``wgmma`` (paged, ragged): the warpgroup scores each step's 64 keys against pairs of query rows (or the
+    ``wgmma``: the warpgroup scores each step's 64 keys against pairs of query rows (or the
     one row) with ``wgmma`` (B: the rows' heads in shared memory) instead of per-warp ``mma.sync``."""
 
     rows: int = 1
@@ -49,7 +49,7 @@ class IndexLogitsConfig:
     stages: int = 4
     keys_per_cta: int = 4096
     min_ctas: int = 3
-    wgmma: bool = False  # paged / ragged: at most 4 rows, 4 warps, 64 keys per step
+    wgmma: bool = False  # at most 4 rows, 4 warps, 64 keys per step
 
     def validate(self) -> None:
         ok = (self.rows in ROW_CHOICES and self.warps in (1, 2, 4, 8, 16) and self.warps % self.rows == 0
@@ -111,7 +111,7 @@ def _sm_count(device) -> int:
 
 def kernel_static(mode: str, heads: int, cfg: IndexLogitsConfig, vec16: bool) -> tuple:
     """The scoring kernel's static arguments (``get_kernel``'s, also the disk-cache key)."""
-    if cfg.wgmma and mode in ("paged", "ragged"):
+    if cfg.wgmma:
         mode += "_wg"
     return (mode, heads, cfg.rows, cfg.warps, cfg.keys_per_step, cfg.stages, bool(vec16), cfg.min_ctas)
 
@@ -527,7 +527,8 @@ def build_configs() -> list[tuple]:
     for name, mode, heads, n in (("ragged H64 wgmma", "ragged", 64, 1),
                                  ("ragged H32 wgmma", "ragged", 32, 1),
                                  ("paged H64 n1 wgmma", "paged", 64, 1),
-                                 ("paged H64 n4 wgmma", "paged", 64, 4)):
+                                 ("paged H64 n4 wgmma", "paged", 64, 4),
+                                 ("cand H64 wgmma", "cand", 64, 1)):
         cfg = launch_config(mode, rows=64, width=65536, n=n)
         cfg = replace(cfg, wgmma=True, min_ctas=4 if cfg.rows == 1 else 3)
         configs.append((name, scores_kernel, kernel_static(mode, heads, cfg, True)))

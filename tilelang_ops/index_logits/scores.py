@@ -23,7 +23,7 @@ registers for the whole launch. The D fragment puts a lane's two keys (g, g + 8)
 of each 8-head N-tile in its registers, so the head sum runs in the lane and then over the quad (two
 shuffles), in the reference's order.
 
-**On wgmma** (modes ``paged_wg`` / ``ragged_wg``; 4 warps, 64 keys per step, at most 4 rows): the CTA is one
+**On wgmma** (modes ``*_wg``; 4 warps, 64 keys per step, at most 4 rows): the CTA is one
 warpgroup; warp w loads the A fragments of keys 16 w .. 16 w + 15 (s8: the stored byte with its top bit
 flipped) and the warpgroup issues, per pair of rows (or the one row), four ``wgmma.m64nNk32.s32.s8.s8``
 with B = the rows' heads in shared memory (bcan: K-major, no swizzle, written once by the prologue). Its
@@ -112,15 +112,15 @@ def _shift(sw, big, wide, b: int):
 @tilelang.jit(pass_configs=PASS_CONFIGS)
 def scores_kernel(mode: str, heads: int, rows: int, warps: int, kc: int, stages: int, vec16: bool,
                   min_ctas: int = 0):
-    """The scoring kernel for ``mode`` in ("paged", "cand", "ragged", "paged_wg", "ragged_wg"); see the
-    module docstring.
+    """The scoring kernel for ``mode`` in ("paged", "cand", "ragged"), each also on wgmma (``mode + "_wg"``);
+    see the module docstring.
     ``rows``: query rows per CTA (paged: n rounded up to 1, 2, 4 or 8); ``kc``: keys per step; ``vec16``:
     16-byte copies of the key rows (else 4-byte: cache blocks of Bc % 4 != 0 rows); ``min_ctas`` > 1 caps
     the registers so that many CTAs fit an SM (``__launch_bounds__``)."""
     wg = mode.endswith("_wg")  # the scores on wgmma: the CTA one warpgroup, a step one M-tile of 64 keys
     if wg:
         mode = mode[:-3]
-        assert mode in ("paged", "ragged") and warps == 4 and kc == 64 and rows <= 4, (mode, warps, kc, rows)
+        assert warps == 4 and kc == 64 and rows <= 4, (mode, warps, kc, rows)
     assert mode in ("paged", "cand", "ragged") and heads in (32, 64) and stages >= 2
     threads = 32 * warps
     wpr = warps // rows  # warps per query row
