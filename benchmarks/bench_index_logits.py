@@ -111,18 +111,18 @@ def _config_peers(fn, base, flush):
     return out
 
 
-def _wgmma_peers(fn, base, flush, rep):
-    """The same launch with the scores on wgmma (IndexLogitsConfig.wgmma) at 2-4 CTAs per SM (one query
-    row per CTA: no B fragments in registers, so 4 fit)."""
+def _wgmma_peers(fn, launch, flush, rep):
+    """The launch rule's wgmma configuration (``launch_config(..., wgmma=True)``: one row at 4 CTAs per SM,
+    more at 3) and the same at one CTA per SM fewer; ``launch``: the launch rule's keywords."""
     out = {}
-    if base.warps != 4 or base.keys_per_step != 64 or base.rows > 4:
+    if launch.get("n", 1) > 4:
         return out
-    for ctas in ((3, 4) if base.rows == 1 else (2, 3)):
-        cfg = replace(base, wgmma=True, min_ctas=ctas)
-        us = time_peer(f"wgmma_ctas{ctas}", lambda cfg=cfg: fn(cfg),
-                       lambda f: time_us(f, flush_bytes=flush, rep=rep))
+    wg = launch_config(**launch, wgmma=True)
+    for cfg in (wg, replace(wg, min_ctas=wg.min_ctas - 1)):
+        name = f"wgmma_ctas{cfg.min_ctas}"
+        us = time_peer(name, lambda cfg=cfg: fn(cfg), lambda f: time_us(f, flush_bytes=flush, rep=rep))
         if us:
-            out[f"wgmma_ctas{ctas}"] = us
+            out[name] = us
     return out
 
 
@@ -135,12 +135,13 @@ def run(h, sweep: bool = False, no_torch_peers: bool = False) -> None:
     for case, (b, n, klen) in DECODE.items():
         kw = decode_inputs(b, n, klen)
         out = torch.empty(b, n, klen, dtype=torch.float32, device="cuda")
-        base = launch_config("paged", rows=b, width=klen, n=n, sms=sms)
+        launch = dict(op="paged", rows=b, width=klen, n=n, sms=sms)
+        base = launch_config(**launch)
         fn = lambda cfg=base, kw=kw, out=out: paged_index_logits(**kw, out=out, config=cfg)  # noqa: E731
         us = time_us(fn, flush_bytes=FLUSH)
         nbytes = b * klen * ROW + b * n * HEADS * ROW + b * n * klen * 4
         peers = _config_peers(fn, base, FLUSH) if sweep else {}
-        peers.update(_wgmma_peers(fn, base, FLUSH, rep=10))
+        peers.update(_wgmma_peers(fn, launch, FLUSH, rep=10))
         if peer is not None:
             ks = (torch.arange(b * n, device="cuda", dtype=torch.int32) // n) * klen
             ex = _example_fn(peer, b * n, b * klen, ks, ks + klen, g)
@@ -160,13 +161,14 @@ def run(h, sweep: bool = False, no_torch_peers: bool = False) -> None:
     for case, (t, nkeys) in PREFILL.items():
         kw = prefill_inputs(t, nkeys)
         out = torch.empty(t, nkeys, dtype=torch.float32, device="cuda")
-        base = launch_config("ragged", rows=t, width=nkeys, sms=sms)
+        launch = dict(op="ragged", rows=t, width=nkeys, sms=sms)
+        base = launch_config(**launch)
         fn = lambda cfg=base, kw=kw, out=out: ragged_index_logits(**kw, out=out, config=cfg)  # noqa: E731
         us = time_us(fn, rep=10)
         widths = int((kw["ke"] - kw["ks"]).sum())
         nbytes = nkeys * ROW + t * HEADS * ROW + widths * 4
         peers = {}
-        peers.update(_wgmma_peers(fn, base, 0, rep=5))
+        peers.update(_wgmma_peers(fn, launch, 0, rep=5))
         if sweep:
             peers.update(_config_peers(fn, base, 0))
             for rows, warps in ((8, 8), (2, 4), (1, 4)):

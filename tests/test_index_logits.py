@@ -271,7 +271,13 @@ def test_launch_rule_gives_valid_configs():
                     cfg.validate()
                     if op == "paged":
                         assert cfg.rows >= n
+                    if n <= 4:
+                        wg = launch_config(op, rows=rows, width=width, n=n, sms=132, wgmma=True)
+                        wg.validate()
+                        assert wg.wgmma and wg.rows == cfg.rows and wg.keys_per_cta >= cfg.keys_per_cta // 2
     assert 65536 // launch_config("paged", rows=64, width=65536, n=1).keys_per_cta <= 32
+    with pytest.raises(ValueError, match="wgmma takes at most 4"):
+        launch_config("paged", rows=8, width=100, n=8, wgmma=True)
     with pytest.raises(ValueError):
         IndexLogitsConfig(rows=2, warps=4, keys_per_step=16).validate()
     with pytest.raises(ValueError):

@@ -15,15 +15,14 @@ Needs a cuobjdump: $CUOBJDUMP, one on PATH, or the one Triton's wheel carries (n
 Cases: topk:BxN (FP32 scores, topk(x, k, return_value=False), the launch rule's config for B rows of N on the
 H200: 132 SMs, a 60 MiB L2), kv_store:FORMAT[:ROWS] (the benchmark's launch, default 1M rows),
 index_logits:MODE[:N] (the scoring kernel of paged / cand / ragged with 64 heads, N query rows per request,
-the launch rule's config for 64 requests over 65536 keys; paged_wg / ragged_wg: the same on wgmma at 4 CTAs
-per SM for one row, else 3).
+the launch rule's config for 64 requests over 65536 keys; paged_wg / cand_wg / ragged_wg: its wgmma
+configuration).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import os
 import re
 import shutil
@@ -62,9 +61,7 @@ def kernel_args(case: str) -> tuple:
         wg = mode.endswith("_wg")
         mode = mode.removesuffix("_wg")
         rows = 64 if mode == "paged" else 64 * n
-        config = IL.launch_config(mode, rows=rows, width=65536, n=n, sms=H200_SMS)
-        if wg:
-            config = dataclasses.replace(config, wgmma=True, min_ctas=4 if config.rows == 1 else 3)
+        config = IL.launch_config(mode, rows=rows, width=65536, n=n, sms=H200_SMS, wgmma=wg)
         return IL.scores_factory(), IL.kernel_static(mode, 64, config, True)
     raise ValueError(f"unknown case {case!r} (topk:BxN, kv_store:FORMAT[:ROWS] or index_logits:MODE[:N])")
 

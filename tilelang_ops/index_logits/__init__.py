@@ -61,40 +61,43 @@ class IndexLogitsConfig:
             raise ValueError(f"inconsistent IndexLogitsConfig {self}")
 
 
-# split the key range into whole waves: at most CTAS_PER_SM_TARGET CTAs per SM (4 waves of 3 resident
-# CTAs), never a partial wave beyond them (with equal klen every CTA has the same work, so a 5th wave of a
-# few CTAs would cost a whole wave's time)
-CTAS_PER_SM_TARGET = 12
+# split the key range into whole waves: at most WAVES x (resident CTAs per SM) CTAs per SM, never a partial
+# wave beyond them (with equal klen every CTA has the same work, so a 5th wave of a few CTAs would cost a
+# whole wave's time)
+WAVES = 4
 MAX_KEYS_PER_CTA = 16384
 
 
-def _split(work_rows: int, width: int, kc: int, sms: int) -> int:
-    """Columns per CTA: the fewest for which work_rows x splits stays within CTAS_PER_SM_TARGET CTAs per
+def _split(work_rows: int, width: int, kc: int, sms: int, resident: int = 3) -> int:
+    """Columns per CTA: the fewest for which work_rows x splits stays within WAVES x ``resident`` CTAs per
     SM (at least one split per row)."""
-    target = CTAS_PER_SM_TARGET * max(sms, 1)
+    target = WAVES * resident * max(sms, 1)
     splits = max(1, target // max(work_rows, 1))
     kps = -(-max(width, 1) // splits)
     kps = -(-kps // kc) * kc
     return max(kc, min(kps, max(MAX_KEYS_PER_CTA, kc)))
 
 
-def launch_config(op: str, *, rows: int, width: int, n: int = 1, sms: int = 132) -> IndexLogitsConfig:
+def launch_config(op: str, *, rows: int, width: int, n: int = 1, sms: int = 132,
+                  wgmma: bool = False) -> IndexLogitsConfig:
     """The launch rule. ``op``: "paged" (rows = requests b, n query rows each), "cand" (rows = b * n query
     rows, one per CTA) or "ragged" (rows = T query rows); ``width``: max_klen / max_width; ``sms``: the
-    device's SM count."""
-    if op == "paged":
-        r = next(c for c in ROW_CHOICES if c >= n)
-        # 4 warps at 168 registers (3 CTAs per SM); 8 rows take a warp each (one CTA per SM, 255 registers)
-        cfg = IndexLogitsConfig(rows=r, warps=8, keys_per_step=64, stages=4, min_ctas=0) if r == 8 else \
-            IndexLogitsConfig(rows=r, warps=4, keys_per_step=64, stages=4, min_ctas=3)
-        return replace(cfg, keys_per_cta=_split(rows, width, cfg.keys_per_step, sms))
-    if op == "cand":
-        cfg = IndexLogitsConfig(rows=1, warps=4, keys_per_step=64, stages=4)
-        return replace(cfg, keys_per_cta=_split(rows, width, cfg.keys_per_step, sms))
-    if op == "ragged":
-        cfg = IndexLogitsConfig(rows=4, warps=4, keys_per_step=64, stages=4)
-        return replace(cfg, keys_per_cta=_split(-(-rows // cfg.rows), width, cfg.keys_per_step, sms))
-    raise ValueError(f"launch_config: op must be 'paged', 'cand' or 'ragged', got {op!r}")
+    device's SM count. ``wgmma``: the scores on wgmma (at most 4 query rows per CTA): one row at 128
+    registers (4 CTAs per SM), more at 168 (3 per SM)."""
+    if op not in ("paged", "cand", "ragged"):
+        raise ValueError(f"launch_config: op must be 'paged', 'cand' or 'ragged', got {op!r}")
+    r = next(c for c in ROW_CHOICES if c >= n) if op == "paged" else 1 if op == "cand" else 4
+    if wgmma:
+        if r > 4:
+            raise ValueError(f"launch_config: wgmma takes at most 4 query rows per CTA, got n={n}")
+        cfg = IndexLogitsConfig(rows=r, warps=4, keys_per_step=64, stages=4, min_ctas=4 if r == 1 else 3,
+                                wgmma=True)
+    elif r == 8:  # 8 rows take a warp each (one CTA per SM, 255 registers)
+        cfg = IndexLogitsConfig(rows=r, warps=8, keys_per_step=64, stages=4, min_ctas=0)
+    else:  # 4 warps at 168 registers (3 CTAs per SM)
+        cfg = IndexLogitsConfig(rows=r, warps=4, keys_per_step=64, stages=4, min_ctas=3)
+    work_rows = -(-rows // cfg.rows) if op == "ragged" else rows
+    return replace(cfg, keys_per_cta=_split(work_rows, width, cfg.keys_per_step, sms, max(cfg.min_ctas, 3)))
 
 
 _PROPS: dict = {}
@@ -529,7 +532,6 @@ def build_configs() -> list[tuple]:
                                  ("paged H64 n1 wgmma", "paged", 64, 1),
                                  ("paged H64 n4 wgmma", "paged", 64, 4),
                                  ("cand H64 wgmma", "cand", 64, 1)):
-        cfg = launch_config(mode, rows=64, width=65536, n=n)
-        cfg = replace(cfg, wgmma=True, min_ctas=4 if cfg.rows == 1 else 3)
+        cfg = launch_config(mode, rows=64, width=65536, n=n, wgmma=True)
         configs.append((name, scores_kernel, kernel_static(mode, heads, cfg, True)))
     return configs
