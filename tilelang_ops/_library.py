@@ -170,9 +170,7 @@ class Plans:
         _PLAN_CACHES.append(self)
 
     def __call__(self, args: tuple):
-        found = self._find(args)
-        # while a call is recorded, its compiled functions record their launches (``_fast.Recorder``)
-        return found if _LOCAL.recorder is None else _recording(found)
+        return handed_out(self._find(args))
 
     def _find(self, args: tuple):
         for recent in self.recent:
@@ -442,7 +440,7 @@ def kernel(factory, *static) -> Callable:
     key = (id(factory), static)  # factories are module-level objects (JITImpl is not hashable)
     fn = _KERNELS.get(key)
     if fn is not None:
-        return fn if _LOCAL.recorder is None else _recording(fn)
+        return handed_out(fn)
     name = f"{getattr(factory, '__name__', factory)}{static}"
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"tilelang_ops: kernel {name} is not compiled and a CUDA graph is being "
@@ -451,7 +449,7 @@ def kernel(factory, *static) -> Callable:
     fn = _KERNELS[key] = launchable(direct(factory(*static)))
     for report in _progress:
         report(f"compiled {name} in {time.perf_counter() - t0:.1f} s")
-    return fn if _LOCAL.recorder is None else _recording(fn)
+    return handed_out(fn)
 
 
 _EXECUTABLES: dict[int, Callable] = {}  # id -> every compiled function ``kernel`` handed out
@@ -468,6 +466,12 @@ def launchable(fn: Callable) -> Callable:
     """``fn``, known from now on as a compiled function (its launches are recorded into recipes)."""
     _EXECUTABLES[id(fn)] = fn
     return fn
+
+
+def handed_out(found):
+    """What a launch plan or ``kernel`` hands its caller: ``found`` itself, or, while this thread records a
+    call (``_fast.Recorder``), ``found`` with its compiled functions recording their launches."""
+    return found if _LOCAL.recorder is None else _recording(found)
 
 
 def _recording(found, depth: int = 0):

@@ -57,8 +57,7 @@ def eager_on_the_cpu(make_launch: Callable, put: Callable, *, record: bool = Fal
     compile_helper = _library.kernel
 
     def stand_in(factory, *static):
-        fn = _library.launchable(make_launch(factory, *static))
-        return fn if _library._LOCAL.recorder is None else _library._recording(fn)
+        return _library.handed_out(_library.launchable(make_launch(factory, *static)))
 
     for module in _op_modules():
         for attr, value in vars(module).copy().items():
